@@ -1,0 +1,297 @@
+// c_api.cc — the extern "C" functions of dualemb_core.h: argument checks, int32 key widening,
+// and turning C++ exceptions into an error code plus a thread-local message.
+#include <cstring>
+#include <exception>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dualemb_core.h"
+#include "registry.h"
+
+using dualemb::Table;
+
+namespace {
+
+thread_local std::string g_last_error;
+
+template <class Fn>
+int guarded(const char* what, Fn&& fn) {
+  try {
+    fn();
+    return 0;
+  } catch (const std::exception& e) {
+    g_last_error = std::string(what) + ": " + e.what();
+  } catch (...) {
+    g_last_error = std::string(what) + ": unknown error";
+  }
+  return -1;
+}
+
+const char* dtype_name(int32_t d) { return d == DE_KEY_INT64 ? "int64" : d == DE_KEY_INT32 ? "int32" : "unknown"; }
+
+// Keys as int64, widened from int32 when the table's key dtype is int32.
+struct Keys {
+  const int64_t* data = nullptr;
+  std::vector<int64_t> widened;
+};
+
+void check_keys(const Table& t, int32_t key_dtype, const void* keys, int64_t n, Keys* out) {
+  if (n < 0) throw std::invalid_argument("negative key count " + std::to_string(n));
+  if (key_dtype != t.key_dtype())
+    throw std::invalid_argument(std::string("keys have dtype ") + dtype_name(key_dtype) +
+                                " but the table's key dtype is " + dtype_name(t.key_dtype()));
+  if (n > 0 && keys == nullptr) throw std::invalid_argument("keys pointer is null");
+  if (key_dtype == DE_KEY_INT64) {
+    out->data = static_cast<const int64_t*>(keys);
+  } else {
+    const int32_t* k = static_cast<const int32_t*>(keys);
+    out->widened.assign(k, k + n);
+    out->data = out->widened.data();
+  }
+}
+
+void require(const void* p, int64_t n, const char* name) {
+  if (n > 0 && p == nullptr) throw std::invalid_argument(std::string(name) + " pointer is null");
+}
+
+void set_evicted(int64_t* out, int64_t v) {
+  if (out) *out = v;
+}
+
+int copy_out(const std::string& s, char* buf, size_t buflen, size_t* needed) {
+  if (needed) *needed = s.size() + 1;
+  if (buf && buflen > 0) {
+    size_t n = std::min(buflen - 1, s.size());
+    std::memcpy(buf, s.data(), n);
+    buf[n] = '\0';
+  }
+  return 0;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* de_last_error(void) { return g_last_error.c_str(); }
+const char* de_version(void) { return "0.1.0"; }
+
+int de_table_create(int64_t id, const char* config, int64_t* out_id) {
+  return guarded("create table", [&] {
+    if (!config) throw std::invalid_argument("config is null");
+    int64_t got = dualemb::create_table(id, config);
+    if (out_id) *out_id = got;
+  });
+}
+
+int de_table_exists(int64_t id) { return dualemb::table_exists(id) ? 1 : 0; }
+
+int de_table_destroy(int64_t id) {
+  return guarded("destroy table", [&] {
+    if (!dualemb::destroy_table(id))
+      throw std::out_of_range("unknown table id " + std::to_string(id));
+  });
+}
+
+int de_table_describe(int64_t id, char* buf, size_t buflen, size_t* needed) {
+  return guarded("describe", [&] { copy_out(dualemb::get_table(id)->describe(), buf, buflen, needed); });
+}
+
+int de_table_dims(int64_t id, int64_t* dim, int32_t* key_dtype, int32_t* num_slots) {
+  return guarded("table dims", [&] {
+    auto t = dualemb::get_table(id);
+    if (dim) *dim = t->dim();
+    if (key_dtype) *key_dtype = t->key_dtype();
+    if (num_slots) *num_slots = t->num_slots();
+  });
+}
+
+int de_set_optimizer(int64_t id, const char* spec) {
+  return guarded("set optimizer", [&] { dualemb::get_table(id)->set_optimizer(spec ? spec : ""); });
+}
+
+int de_slot_names(int64_t id, char* buf, size_t buflen, size_t* needed) {
+  return guarded("slot names", [&] {
+    std::string s;
+    for (const auto& n : dualemb::get_table(id)->slot_names()) s += (s.empty() ? "" : ",") + n;
+    copy_out(s, buf, buflen, needed);
+  });
+}
+
+int de_set_num_threads(int64_t id, int32_t n) {
+  return guarded("set num threads", [&] {
+    if (n < 0) throw std::invalid_argument("num_threads must be >= 0");
+    dualemb::get_table(id)->set_num_threads(n);
+  });
+}
+
+int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, float* values,
+            uint8_t* exists) {
+  return guarded("find", [&] {
+    auto t = dualemb::get_table(id);
+    Keys k;
+    check_keys(*t, key_dtype, keys, n, &k);
+    require(values, n, "values");
+    t->find(k.data, n, values, exists);
+  });
+}
+
+int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n, float* values,
+                      uint8_t* exists, int64_t* evicted) {
+  return guarded("find_or_insert", [&] {
+    auto t = dualemb::get_table(id);
+    Keys k;
+    check_keys(*t, key_dtype, keys, n, &k);
+    require(values, n, "values");
+    set_evicted(evicted, t->find_or_insert(k.data, n, values, exists));
+  });
+}
+
+int de_insert_or_assign(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
+                        const float* values, int64_t* evicted) {
+  return guarded("insert_or_assign", [&] {
+    auto t = dualemb::get_table(id);
+    Keys k;
+    check_keys(*t, key_dtype, keys, n, &k);
+    require(values, n, "values");
+    set_evicted(evicted, t->insert_or_assign(k.data, n, values));
+  });
+}
+
+int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const float* deltas,
+             const uint8_t* exists, int64_t* evicted) {
+  return guarded("accum", [&] {
+    auto t = dualemb::get_table(id);
+    Keys k;
+    check_keys(*t, key_dtype, keys, n, &k);
+    require(deltas, n, "deltas");
+    require(exists, n, "exists");
+    set_evicted(evicted, t->accum(k.data, n, deltas, exists));
+  });
+}
+
+int de_erase(int64_t id, int32_t key_dtype, const void* keys, int64_t n) {
+  return guarded("erase", [&] {
+    auto t = dualemb::get_table(id);
+    Keys k;
+    check_keys(*t, key_dtype, keys, n, &k);
+    t->erase(k.data, n);
+  });
+}
+
+int de_clear(int64_t id) {
+  return guarded("clear", [&] { dualemb::get_table(id)->clear(); });
+}
+
+int de_size(int64_t id, int64_t* out) {
+  return guarded("size", [&] { *out = dualemb::get_table(id)->size(); });
+}
+
+int de_reserve(int64_t id, int64_t n) {
+  return guarded("reserve", [&] {
+    if (n < 0) throw std::invalid_argument("reserve needs n >= 0");
+    dualemb::get_table(id)->reserve(n);
+  });
+}
+
+int de_apply_gradients(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
+                       const float* grads, float lr, int64_t step, int64_t* evicted) {
+  return guarded("apply_gradients", [&] {
+    auto t = dualemb::get_table(id);
+    Keys k;
+    check_keys(*t, key_dtype, keys, n, &k);
+    require(grads, n, "grads");
+    if (step < 1) throw std::invalid_argument("step must be >= 1 (the 1-based update count)");
+    set_evicted(evicted, t->apply_gradients(k.data, n, grads, lr, step));
+  });
+}
+
+int de_restrict(int64_t id, int64_t num_reserved, int32_t policy, int32_t key_dtype,
+                const void* keys, const float* scores, int64_t n, int64_t* removed) {
+  return guarded("restrict", [&] {
+    auto t = dualemb::get_table(id);
+    if (num_reserved < 0) throw std::invalid_argument("num_reserved must be >= 0");
+    if (policy < DE_RESTRICT_RECENCY || policy > DE_RESTRICT_CUSTOM)
+      throw std::invalid_argument("unknown restrict policy " + std::to_string(policy));
+    Keys k;
+    if (policy == DE_RESTRICT_CUSTOM) {
+      check_keys(*t, key_dtype, keys, n, &k);
+      require(scores, n, "scores");
+    }
+    int64_t r = t->restrict(num_reserved, static_cast<dualemb::RestrictBy>(policy), k.data,
+                            scores, policy == DE_RESTRICT_CUSTOM ? n : 0);
+    if (removed) *removed = r;
+  });
+}
+
+int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void* keys,
+              float* values, float* slots, int64_t* last_update, int64_t* update_count,
+              int64_t* out_n) {
+  return guarded("export", [&] {
+    auto t = dualemb::get_table(id);
+    if (offset < 0 || limit < 0) throw std::invalid_argument("offset and limit must be >= 0");
+    if (keys && key_dtype != t->key_dtype())
+      throw std::invalid_argument(std::string("export keys buffer has dtype ") +
+                                  dtype_name(key_dtype) + " but the table's key dtype is " +
+                                  dtype_name(t->key_dtype()));
+    std::vector<int64_t> wide;
+    int64_t* k64 = nullptr;
+    if (keys) {
+      if (key_dtype == DE_KEY_INT64) {
+        k64 = static_cast<int64_t*>(keys);
+      } else {
+        wide.resize(limit);
+        k64 = wide.data();
+      }
+    }
+    int64_t n = t->export_rows(offset, limit, k64, values, slots, last_update, update_count);
+    if (keys && key_dtype == DE_KEY_INT32) {
+      int32_t* k32 = static_cast<int32_t*>(keys);
+      for (int64_t i = 0; i < n; ++i) k32[i] = static_cast<int32_t>(wide[i]);
+    }
+    if (out_n) *out_n = n;
+  });
+}
+
+int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const float* values,
+              const float* slots, const int64_t* last_update, const int64_t* update_count,
+              int64_t* evicted) {
+  return guarded("import", [&] {
+    auto t = dualemb::get_table(id);
+    Keys k;
+    check_keys(*t, key_dtype, keys, n, &k);
+    require(values, n, "values");
+    set_evicted(evicted, t->import_rows(k.data, n, values, slots, last_update, update_count));
+  });
+}
+
+int de_get_clock(int64_t id, int64_t* out) {
+  return guarded("clock", [&] { *out = dualemb::get_table(id)->clock(); });
+}
+
+int de_set_clock(int64_t id, int64_t clock) {
+  return guarded("set clock", [&] { dualemb::get_table(id)->set_clock(clock); });
+}
+
+int de_evicted_total(int64_t id, int64_t* out) {
+  return guarded("evicted total", [&] { *out = dualemb::get_table(id)->evicted_total(); });
+}
+
+int de_memory_bytes(int64_t id, int64_t* out) {
+  return guarded("memory bytes", [&] {
+    *out = static_cast<int64_t>(dualemb::get_table(id)->memory_bytes());
+  });
+}
+
+int de_initial_values(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
+                      float* values) {
+  return guarded("initial values", [&] {
+    auto t = dualemb::get_table(id);
+    Keys k;
+    check_keys(*t, key_dtype, keys, n, &k);
+    require(values, n, "values");
+    t->initial_values(k.data, n, values);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,103 @@
+// dualemb_core.h — the C ABI of libdualemb_core.so.
+//
+// Every front end (pybind11 module, TF op library, XLA FFI module) links this one shared library,
+// so all of them see the same process-wide registry of tables. Only POD arguments cross this
+// boundary, which lets each front end be compiled with its own framework's flags and C++ ABI.
+//
+// Conventions
+//  * Every function returns 0 on success and -1 on error; de_last_error() then returns a
+//    thread-local message that names the problem. A failed call leaves the table unchanged.
+//  * Tables are named by a 63-bit id. de_table_create(0, ...) draws a fresh random id.
+//  * Keys are passed as `const void* keys` with `key_dtype` (DE_KEY_INT64 / DE_KEY_INT32); it
+//    must equal the table's key dtype. Values are float32, row-major [n, dim].
+//  * Slots (optimizer state) are stored beside each row; exported/imported as [n, num_slots, dim].
+//  * Writes that may insert report in *evicted how many keys a capacity limit evicted (may be NULL).
+#ifndef DUALEMB_CORE_H_
+#define DUALEMB_CORE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DE_API __attribute__((visibility("default")))
+
+enum { DE_KEY_INT64 = 0, DE_KEY_INT32 = 1 };
+enum { DE_RESTRICT_RECENCY = 0, DE_RESTRICT_FREQUENCY = 1, DE_RESTRICT_CUSTOM = 2 };
+
+DE_API const char* de_last_error(void);
+DE_API const char* de_version(void);
+
+// Table lifecycle. `config` is "name=value;name=value" text (see docs/checkpoint_format.md §config):
+//   dim=<int, required>; key_dtype=int64|int32; initializer=zeros|constant|vector|normal|
+//   truncated_normal|uniform; seed=<uint64>; mean=; stddev=; minval=; maxval=; value=;
+//   values=<comma separated floats>; capacity=<int, 0 = unlimited>; evict_policy=recency|frequency;
+//   num_threads=<int, 0 = all cores>.
+// get-or-create: if `id` exists already, its dim and key dtype must match `config`.
+DE_API int de_table_create(int64_t id, const char* config, int64_t* out_id);
+DE_API int de_table_exists(int64_t id);  // 1 or 0, never an error
+DE_API int de_table_destroy(int64_t id);
+// Canonical description: the config string followed by "|" and the optimizer spec (may be empty).
+// Writes at most buflen bytes (NUL-terminated); *needed receives the full length + 1.
+DE_API int de_table_describe(int64_t id, char* buf, size_t buflen, size_t* needed);
+DE_API int de_table_dims(int64_t id, int64_t* dim, int32_t* key_dtype, int32_t* num_slots);
+
+// Optimizer: "name=adam;flavor=keras|optax;beta_1=0.9;...". Attaching one to a non-empty table
+// adds the slot columns to every row (with the optimizer's initial slot values); an empty spec
+// detaches it and drops the slots.
+DE_API int de_set_optimizer(int64_t id, const char* spec);
+// Slot names of the attached optimizer, comma separated ("m,v").
+DE_API int de_slot_names(int64_t id, char* buf, size_t buflen, size_t* needed);
+DE_API int de_set_num_threads(int64_t id, int32_t num_threads);
+
+// Batched operations.
+DE_API int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, float* values,
+                   uint8_t* exists /* may be NULL */);
+DE_API int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
+                             float* values, uint8_t* exists, int64_t* evicted);
+DE_API int de_insert_or_assign(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
+                               const float* values, int64_t* evicted);
+// TFRA accum rule, per key: absent && !exists[i] -> insert values[i]; present && exists[i] ->
+// row += values[i]; otherwise ignored.
+DE_API int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
+                    const float* deltas, const uint8_t* exists, int64_t* evicted);
+DE_API int de_erase(int64_t id, int32_t key_dtype, const void* keys, int64_t n);
+DE_API int de_clear(int64_t id);
+DE_API int de_size(int64_t id, int64_t* out);
+DE_API int de_reserve(int64_t id, int64_t n);
+// Fused sparse optimizer step. Gradients of duplicate keys are summed first; missing keys are
+// inserted with their initializer row (and initial slots) and then updated. `step` is the
+// 1-based update count t used for bias correction.
+DE_API int de_apply_gradients(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
+                              const float* grads, float lr, int64_t step, int64_t* evicted);
+// Keep the `num_reserved` keys with the highest score, erase the rest (with their slots).
+// policy RECENCY scores by last update, FREQUENCY by update count, CUSTOM by `scores` given
+// for `keys` (keys not listed score lowest). *removed receives how many keys were erased.
+DE_API int de_restrict(int64_t id, int64_t num_reserved, int32_t policy, int32_t key_dtype,
+                       const void* keys, const float* scores, int64_t n, int64_t* removed);
+// Paged export: rows [offset, offset+limit) of the table's iteration order (stable while the
+// table is not modified). Any output pointer may be NULL. *out_n receives the rows written.
+DE_API int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void* keys,
+                     float* values, float* slots, int64_t* last_update, int64_t* update_count,
+                     int64_t* out_n);
+// Import rows (insert or overwrite), with optional slots [n, num_slots, dim] and metadata.
+DE_API int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
+                     const float* values, const float* slots, const int64_t* last_update,
+                     const int64_t* update_count, int64_t* evicted);
+// The table's logical clock (incremented by every write; stamped into last_update).
+DE_API int de_get_clock(int64_t id, int64_t* out);
+DE_API int de_set_clock(int64_t id, int64_t clock);
+// Total keys evicted by the capacity limit since creation.
+DE_API int de_evicted_total(int64_t id, int64_t* out);
+// Bytes of memory the table's rows, slots, metadata and index occupy.
+DE_API int de_memory_bytes(int64_t id, int64_t* out);
+// Initializer rows for keys, without touching any table (pure function of seed and key).
+DE_API int de_initial_values(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
+                             float* values);
+
+#ifdef __cplusplus
+}
+#endif
+#endif  // DUALEMB_CORE_H_

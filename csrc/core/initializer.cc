@@ -1,0 +1,128 @@
+#include "initializer.h"
+
+#include <cmath>
+#include <stdexcept>
+
+#include "random.h"
+
+namespace dualemb {
+
+Initializer Initializer::from_config(const Config& c, int64_t dim) {
+  Initializer init;
+  init.dim_ = dim;
+  init.seed_ = c.get_uint("seed", 0);
+  std::string kind = c.get_string("initializer", "zeros");
+  if (kind == "zeros") {
+    init.kind_ = kZeros;
+  } else if (kind == "constant") {
+    init.kind_ = kConstant;
+    init.a_ = c.get_double("value", 0.0);
+  } else if (kind == "vector") {
+    init.kind_ = kVector;
+    std::vector<float> v = c.get_floats("values");
+    if (v.size() == 1) v.assign(static_cast<size_t>(dim), v[0]);
+    if (static_cast<int64_t>(v.size()) != dim)
+      throw std::invalid_argument("vector initializer has " + std::to_string(v.size()) +
+                                  " values; it needs dim=" + std::to_string(dim) + " or 1");
+    init.vector_ = v;
+  } else if (kind == "normal" || kind == "truncated_normal") {
+    init.kind_ = kind == "normal" ? kNormal : kTruncatedNormal;
+    init.a_ = c.get_double("mean", 0.0);
+    init.b_ = c.get_double("stddev", 1.0);
+    if (!(init.b_ >= 0.0)) throw std::invalid_argument("initializer stddev must be >= 0");
+  } else if (kind == "uniform") {
+    init.kind_ = kUniform;
+    init.a_ = c.get_double("minval", -0.05);
+    init.b_ = c.get_double("maxval", 0.05);
+    if (!(init.b_ >= init.a_)) throw std::invalid_argument("initializer maxval must be >= minval");
+  } else {
+    throw std::invalid_argument("unknown initializer '" + kind +
+                                "' (known: zeros, constant, vector, normal, truncated_normal, "
+                                "uniform)");
+  }
+  return init;
+}
+
+void Initializer::fill(uint64_t key, float* row) const {
+  const int64_t dim = dim_;
+  switch (kind_) {
+    case kZeros:
+      for (int64_t j = 0; j < dim; ++j) row[j] = 0.f;
+      return;
+    case kConstant: {
+      const float v = static_cast<float>(a_);
+      for (int64_t j = 0; j < dim; ++j) row[j] = v;
+      return;
+    }
+    case kVector:
+      for (int64_t j = 0; j < dim; ++j) row[j] = vector_[j];
+      return;
+    case kUniform: {
+      const uint64_t s = key_stream(seed_, key);
+      const float lo = static_cast<float>(a_), span = static_cast<float>(b_ - a_);
+      for (int64_t j = 0; j < dim; ++j) {
+        float u = unit_open(static_cast<uint32_t>(draw(s, j) >> 32));
+        row[j] = lo + span * u;
+      }
+      return;
+    }
+    case kNormal: {
+      const uint64_t s = key_stream(seed_, key);
+      const float mean = static_cast<float>(a_), sd = static_cast<float>(b_);
+      int64_t j = 0;
+      for (; j + 1 < dim; j += 2) {
+        float z0, z1;
+        normal_pair(draw(s, j >> 1), &z0, &z1);
+        row[j] = mean + sd * z0;
+        row[j + 1] = mean + sd * z1;
+      }
+      if (j < dim) {
+        float z0, z1;
+        normal_pair(draw(s, j >> 1), &z0, &z1);
+        row[j] = mean + sd * z0;
+      }
+      return;
+    }
+    case kTruncatedNormal: {
+      // Keras' TruncatedNormal: draws beyond two standard deviations are redrawn. Redraws use
+      // further counters of the same stream, so the row stays a pure function of (seed, key).
+      const uint64_t s = key_stream(seed_, key);
+      const float mean = static_cast<float>(a_), sd = static_cast<float>(b_);
+      for (int64_t j = 0; j < dim; ++j) {
+        float z0 = 0.f, z1;
+        for (uint64_t attempt = 0; attempt < 1000; ++attempt) {
+          normal_pair(draw(s, static_cast<uint64_t>(j) + attempt * static_cast<uint64_t>(dim)),
+                      &z0, &z1);
+          if (std::fabs(z0) <= 2.f) break;
+          if (std::fabs(z1) <= 2.f) { z0 = z1; break; }
+        }
+        row[j] = mean + sd * z0;
+      }
+      return;
+    }
+  }
+}
+
+std::string Initializer::spec() const {
+  switch (kind_) {
+    case kZeros: return "initializer=zeros";
+    case kConstant: return "initializer=constant;value=" + format_double(a_);
+    case kVector: {
+      std::string s = "initializer=vector;values=";
+      for (size_t i = 0; i < vector_.size(); ++i)
+        s += (i ? "," : "") + format_double(vector_[i]);
+      return s;
+    }
+    case kNormal:
+    case kTruncatedNormal:
+      return std::string("initializer=") + (kind_ == kNormal ? "normal" : "truncated_normal") +
+             ";seed=" + std::to_string(seed_) + ";mean=" + format_double(a_) +
+             ";stddev=" + format_double(b_);
+    case kUniform:
+      return "initializer=uniform;seed=" + std::to_string(seed_) + ";minval=" + format_double(a_) +
+             ";maxval=" + format_double(b_);
+  }
+  return "initializer=zeros";
+}
+
+}  // namespace dualemb

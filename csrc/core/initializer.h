@@ -1,0 +1,41 @@
+// initializer.h — initial rows as a pure function of (seed, key).
+//
+// A key's initial row never depends on insertion order, shard count, thread count or framework:
+// each column draws from a counter-based generator keyed by (seed, key, column), so TF, JAX and
+// any resharding of a table agree bit for bit.
+#ifndef DUALEMB_INITIALIZER_H_
+#define DUALEMB_INITIALIZER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "config.h"
+
+namespace dualemb {
+
+class Initializer {
+ public:
+  enum Kind { kZeros, kConstant, kVector, kNormal, kTruncatedNormal, kUniform };
+
+  // Reads initializer=, seed=, mean=, stddev=, minval=, maxval=, value=, values= from `c`.
+  // Throws std::invalid_argument naming a bad kind or parameter.
+  static Initializer from_config(const Config& c, int64_t dim);
+
+  // Writes the initial row of `key` (dim floats).
+  void fill(uint64_t key, float* row) const;
+  // Canonical "initializer=...;seed=...;..." entries (only those the kind uses).
+  std::string spec() const;
+  Kind kind() const { return kind_; }
+
+ private:
+  Kind kind_ = kZeros;
+  int64_t dim_ = 1;
+  uint64_t seed_ = 0;
+  double a_ = 0.0, b_ = 1.0;  // mean/stddev, minval/maxval, or the constant in a_
+  std::vector<float> vector_;   // kVector: dim values
+};
+
+}  // namespace dualemb
+
+#endif  // DUALEMB_INITIALIZER_H_

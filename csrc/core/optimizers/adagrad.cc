@@ -1,0 +1,69 @@
+// adagrad.cc — Adagrad.
+//
+// keras.optimizers.Adagrad(initial_accumulator_value=0.1, epsilon=1e-7) — slot "accumulator":
+//   a += g*g;  w -= (lr*g) / sqrt(a + epsilon)
+// optax.adagrad(lr, initial_accumulator_value=0.1, eps=1e-7) — slot "sum_of_squares":
+//   s = g*g + s;  u = (s > 0 ? rsqrt(s + eps) : 0) * g;  w += u*(-lr)
+// (XLA's rsqrt is within 2 ulp of 1/sqrt, which is what is computed here.)
+#include <memory>
+#include <string>
+
+#include "optimizers/common.h"
+
+namespace dualemb {
+namespace optimizers {
+namespace {
+
+class Adagrad final : public OptimizerBase {
+ public:
+  Adagrad(const Config& cfg, const std::string& name, Flavor flavor) : flavor_(flavor) {
+    HyperParams hp(cfg, name, flavor);
+    const bool keras = flavor == Flavor::kKeras;
+    const float init = static_cast<float>(hp.real("initial_accumulator_value", 0.1, kNonNegative));
+    eps_ = static_cast<float>(hp.real(keras ? "epsilon" : "eps", 1e-7, kNonNegative));
+    set_spec(hp.finish());
+    add_slot(keras ? "accumulator" : "sum_of_squares", init);
+  }
+
+  StepArgs prepare(float lr, int64_t step) const override { return start(lr, step); }
+
+  void apply(float* row, float* slots, const float* grad, int64_t dim,
+             const StepArgs& args) const override {
+    if (flavor_ == Flavor::kKeras)
+      keras(row, slots, grad, dim, args.lr, eps_);
+    else
+      optax(row, slots, grad, dim, -args.lr, eps_);
+  }
+
+ private:
+  static void keras(float* __restrict w, float* __restrict a, const float* __restrict g,
+                    int64_t dim, float lr, float eps) {
+    for (int64_t i = 0; i < dim; ++i) {
+      const float ai = a[i] + g[i] * g[i];
+      a[i] = ai;
+      w[i] -= (lr * g[i]) / std::sqrt(ai + eps);
+    }
+  }
+  static void optax(float* __restrict w, float* __restrict s, const float* __restrict g,
+                    int64_t dim, float nlr, float eps) {
+    for (int64_t i = 0; i < dim; ++i) {
+      const float si = g[i] * g[i] + s[i];
+      s[i] = si;
+      const float inv = si > 0.f ? 1.f / std::sqrt(si + eps) : 0.f;
+      w[i] += (inv * g[i]) * nlr;
+    }
+  }
+
+  Flavor flavor_;
+  float eps_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_adagrad(const Config& cfg, const std::string& name,
+                                        Flavor flavor) {
+  return std::make_unique<Adagrad>(cfg, name, flavor);
+}
+
+}  // namespace optimizers
+}  // namespace dualemb

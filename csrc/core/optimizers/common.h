@@ -1,0 +1,119 @@
+// common.h — shared pieces of the fused sparse optimizers (csrc/core/optimizers/*.cc).
+//
+// Conventions every optimizer follows, so that a dualemb row trained with flavor=keras equals the
+// same row of a dense variable trained by keras.optimizers.X (Keras 3, TF backend), and
+// flavor=optax equals optax.X applied to a jnp array:
+//  * All per-element arithmetic is float32, in the framework's operation order (no fused
+//    multiply-add: the core is built without -march, and without -ffast-math).
+//  * Constants the framework computes in Python double and then casts (e.g. Keras Adam's
+//    `1 - self.beta_1`, Optax's `(1 - decay)`) are computed in double and rounded once; constants
+//    it computes on float32 tensors (e.g. Keras Lion's `1.0 - ops.cast(beta_1)`) in float32.
+//  * Scalars depending on (lr, step) are computed once per batch in prepare(), into StepArgs::c.
+//    Powers beta^t are float32(beta) raised to float32(t), correctly rounded (the frameworks'
+//    own float32 pow is within one ulp of that).
+#ifndef DUALEMB_OPTIMIZERS_COMMON_H_
+#define DUALEMB_OPTIMIZERS_COMMON_H_
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "config.h"
+#include "optimizer.h"
+
+namespace dualemb {
+namespace optimizers {
+
+enum class Flavor { kKeras, kOptax };
+
+inline const char* flavor_name(Flavor f) { return f == Flavor::kKeras ? "keras" : "optax"; }
+
+// Admissible values of a real hyper-parameter: [lo, hi], either end open.
+struct Range {
+  double lo, hi;
+  bool lo_open, hi_open;
+};
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr Range kUnit{0.0, 1.0, false, false};         // [0, 1]
+constexpr Range kUnitOpenHigh{0.0, 1.0, false, true};  // [0, 1)
+constexpr Range kNonNegative{0.0, kInf, false, true};  // [0, inf)
+constexpr Range kNonPositive{-kInf, 0.0, true, false}; // (-inf, 0]
+
+// Reads the hyper-parameters of one spec, checks their ranges, rejects names it was not asked
+// for, and builds the canonical spec string (hyper-parameters in the order they were read).
+class HyperParams {
+ public:
+  HyperParams(const Config& cfg, const std::string& name, Flavor flavor);
+
+  double real(const std::string& key, double fallback, Range range);
+  bool flag(const std::string& key, bool fallback);
+  // Throws std::invalid_argument naming the first entry of the spec that was not read.
+  // Returns the canonical spec "name=..;flavor=..;k=v;..".
+  std::string finish() const;
+  // "optimizer 'adam' (flavor=keras)", for error messages.
+  const std::string& context() const { return context_; }
+  [[noreturn]] void fail(const std::string& what) const;
+
+ private:
+  const Config& cfg_;
+  std::string context_;
+  std::set<std::string> known_;
+  std::string canonical_;
+};
+
+// The common parts of every optimizer: slot names and initial values, and the canonical spec.
+class OptimizerBase : public Optimizer {
+ public:
+  int num_slots() const override { return static_cast<int>(slot_names_.size()); }
+  std::vector<std::string> slot_names() const override { return slot_names_; }
+  float slot_initial_value(int slot) const override;
+  std::string spec() const override { return spec_; }
+
+ protected:
+  void add_slot(const std::string& name, float initial) {
+    slot_names_.push_back(name);
+    slot_init_.push_back(initial);
+  }
+  void set_spec(const std::string& spec) { spec_ = spec; }
+  // Validates (lr, step) and fills the common fields of StepArgs.
+  StepArgs start(float lr, int64_t step) const;
+
+ private:
+  std::vector<std::string> slot_names_;
+  std::vector<float> slot_init_;
+  std::string spec_;
+};
+
+// float32(base) ** float32(step), rounded once to float32.
+inline float pow_step(float base, int64_t step) {
+  return static_cast<float>(
+      std::pow(static_cast<double>(base), static_cast<double>(static_cast<float>(step))));
+}
+
+// Both frameworks' sign(): -1, 0 or +1 (vectorizes to compares and blends).
+inline float sign_f(float x) { return x > 0.f ? 1.f : (x < 0.f ? -1.f : 0.f); }
+
+using Factory = std::unique_ptr<Optimizer> (*)(const Config& cfg, const std::string& name,
+                                               Flavor flavor);
+
+// One factory per optimizer family (each in its own .cc). `name` is the canonical name.
+std::unique_ptr<Optimizer> make_sgd(const Config& cfg, const std::string& name, Flavor flavor);
+std::unique_ptr<Optimizer> make_adagrad(const Config& cfg, const std::string& name, Flavor flavor);
+// adam, adamw (both flavors; amsgrad=true selects Keras' amsgrad / optax.amsgrad).
+std::unique_ptr<Optimizer> make_adam(const Config& cfg, const std::string& name, Flavor flavor);
+std::unique_ptr<Optimizer> make_adamax(const Config& cfg, const std::string& name, Flavor flavor);
+std::unique_ptr<Optimizer> make_nadam(const Config& cfg, const std::string& name, Flavor flavor);
+std::unique_ptr<Optimizer> make_rmsprop(const Config& cfg, const std::string& name, Flavor flavor);
+std::unique_ptr<Optimizer> make_ftrl(const Config& cfg, const std::string& name, Flavor flavor);
+std::unique_ptr<Optimizer> make_adadelta(const Config& cfg, const std::string& name,
+                                         Flavor flavor);
+std::unique_ptr<Optimizer> make_lion(const Config& cfg, const std::string& name, Flavor flavor);
+
+}  // namespace optimizers
+}  // namespace dualemb
+
+#endif  // DUALEMB_OPTIMIZERS_COMMON_H_

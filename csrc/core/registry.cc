@@ -1,0 +1,75 @@
+#include "registry.h"
+
+#include <mutex>
+#include <random>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "random.h"
+
+namespace dualemb {
+namespace {
+
+struct Registry {
+  std::mutex mu;
+  std::unordered_map<int64_t, std::shared_ptr<Table>> tables;
+  uint64_t counter = 0;
+};
+
+Registry& registry() {
+  static Registry* r = new Registry();  // never destroyed: tables may be used at exit
+  return *r;
+}
+
+int64_t fresh_id(Registry& r) {
+  static const uint64_t salt = (static_cast<uint64_t>(std::random_device{}()) << 32) ^
+                               std::random_device{}();
+  for (;;) {
+    int64_t id = static_cast<int64_t>(mix64(salt + ++r.counter) >> 1);
+    if (id != 0 && !r.tables.count(id)) return id;
+  }
+}
+
+}  // namespace
+
+int64_t create_table(int64_t id, const std::string& config) {
+  if (id < 0) throw std::invalid_argument("table id must be a non-negative 63-bit integer");
+  auto table = std::make_shared<Table>(config);  // validates config before touching the registry
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  if (id == 0) id = fresh_id(r);
+  auto it = r.tables.find(id);
+  if (it != r.tables.end()) {
+    const Table& t = *it->second;
+    if (t.dim() != table->dim() || t.key_dtype() != table->key_dtype())
+      throw std::invalid_argument("table " + std::to_string(id) + " exists with dim " +
+                                  std::to_string(t.dim()) + " and another config");
+    return id;
+  }
+  r.tables.emplace(id, std::move(table));
+  return id;
+}
+
+std::shared_ptr<Table> get_table(int64_t id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.tables.find(id);
+  if (it == r.tables.end())
+    throw std::out_of_range("unknown table id " + std::to_string(id) +
+                            " (not created or loaded in this process)");
+  return it->second;
+}
+
+bool table_exists(int64_t id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.tables.count(id) > 0;
+}
+
+bool destroy_table(int64_t id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  return r.tables.erase(id) > 0;
+}
+
+}  // namespace dualemb

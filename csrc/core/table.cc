@@ -1,0 +1,545 @@
+#include "table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <stdexcept>
+#include <unordered_map>
+
+#include "config.h"
+#include "hash.h"
+#include "thread_pool.h"
+
+namespace dualemb {
+namespace {
+
+constexpr int64_t kMaxDim = 1 << 16;
+constexpr int64_t kReadTask = 4096;      // keys per task of a parallel read
+constexpr int64_t kParallelMin = 2048;   // smaller batches run on the calling thread
+constexpr int kPrefetch = 8;             // how far ahead a read loop prefetches
+
+int parse_key_dtype(const std::string& s) {
+  if (s == "int64") return 0;
+  if (s == "int32") return 1;
+  throw std::invalid_argument("unsupported key_dtype '" + s + "' (supported: int64, int32)");
+}
+
+// Small open-addressing map from key to a dense index, for summing duplicate gradients.
+class DedupMap {
+ public:
+  explicit DedupMap(int64_t n) {
+    uint64_t cap = 16;
+    while (cap < static_cast<uint64_t>(n) * 2) cap <<= 1;
+    keys_.resize(cap);
+    ids_.assign(cap, -1);
+    mask_ = cap - 1;
+  }
+  // Returns the dense index of key, and whether it was new.
+  int64_t get(int64_t key, uint64_t h, int64_t next, bool* inserted) {
+    for (uint64_t i = (h >> 17) & mask_;; i = (i + 1) & mask_) {
+      if (ids_[i] < 0) {
+        keys_[i] = key;
+        ids_[i] = next;
+        *inserted = true;
+        return next;
+      }
+      if (keys_[i] == key) {
+        *inserted = false;
+        return ids_[i];
+      }
+    }
+  }
+
+ private:
+  std::vector<int64_t> keys_;
+  std::vector<int64_t> ids_;
+  uint64_t mask_;
+};
+
+}  // namespace
+
+Table::Table(const std::string& config_text) {
+  Config c = Config::parse(config_text);
+  c.check_known({"dim", "key_dtype", "value_dtype", "initializer", "seed", "mean", "stddev",
+                 "minval", "maxval", "value", "values", "capacity", "evict_policy",
+                 "num_threads"},
+                "table config");
+  if (!c.has("dim")) throw std::invalid_argument("table config needs dim");
+  dim_ = c.get_int("dim", 0);
+  if (dim_ <= 0 || dim_ > kMaxDim)
+    throw std::invalid_argument("dim must be in [1, " + std::to_string(kMaxDim) + "], got " +
+                                std::to_string(dim_));
+  key_dtype_ = parse_key_dtype(c.get_string("key_dtype", "int64"));
+  std::string vdt = c.get_string("value_dtype", "float32");
+  if (vdt != "float32")
+    throw std::invalid_argument("unsupported value_dtype '" + vdt + "' (supported: float32)");
+  init_ = Initializer::from_config(c, dim_);
+  capacity_ = c.get_int("capacity", 0);
+  if (capacity_ < 0) throw std::invalid_argument("capacity must be >= 0 (0 = unlimited)");
+  std::string ep = c.get_string("evict_policy", "recency");
+  if (ep == "recency") evict_policy_ = RestrictBy::kRecency;
+  else if (ep == "frequency") evict_policy_ = RestrictBy::kFrequency;
+  else throw std::invalid_argument("unknown evict_policy '" + ep + "' (recency, frequency)");
+  num_threads_ = static_cast<int>(c.get_int("num_threads", 0));
+  if (num_threads_ < 0) throw std::invalid_argument("num_threads must be >= 0 (0 = all cores)");
+  int64_t shift = chunk_shift_for(dim_);
+  for (int i = 0; i < kNumShards; ++i) shards_.emplace_back(new Shard(dim_, shift));
+}
+
+int64_t Table::chunk_shift_for(int64_t width) const {
+  // About 256 KiB of values per chunk, between 16 and 4096 rows.
+  int64_t bytes = width * 4 + 20, shift = 4;
+  while (shift < 12 && (bytes << (shift + 1)) <= (256 << 10)) ++shift;
+  return shift;
+}
+
+int Table::num_slots() const { return optimizer_ ? optimizer_->num_slots() : 0; }
+
+std::string Table::describe() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  std::string s = "dim=" + std::to_string(dim_) + ";key_dtype=" +
+                  (key_dtype_ == 0 ? "int64" : "int32") + ";value_dtype=float32;" + init_.spec();
+  if (capacity_ > 0) {
+    s += ";capacity=" + std::to_string(capacity_) + ";evict_policy=" +
+         (evict_policy_ == RestrictBy::kRecency ? "recency" : "frequency");
+  }
+  s += "|";
+  if (optimizer_) s += optimizer_->spec();
+  return s;
+}
+
+std::vector<std::string> Table::slot_names() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return optimizer_ ? optimizer_->slot_names() : std::vector<std::string>{};
+}
+
+void Table::set_optimizer(const std::string& spec) {
+  std::unique_ptr<Optimizer> opt;
+  if (!spec.empty()) opt = make_optimizer(spec);  // throws before anything changes
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  int old_slots = num_slots();
+  int new_slots = opt ? opt->num_slots() : 0;
+  std::unique_ptr<Optimizer> old = std::move(optimizer_);
+  optimizer_ = std::move(opt);
+  bool same = old && optimizer_ && old->spec() == optimizer_->spec();
+  if (old_slots != new_slots || !same) {
+    try {
+      rebuild_rows(dim_ * (1 + new_slots));
+    } catch (...) {
+      optimizer_ = std::move(old);
+      throw;
+    }
+  }
+}
+
+void Table::init_slots(float* row) const {
+  if (!optimizer_) return;
+  const int ns = optimizer_->num_slots();
+  for (int s = 0; s < ns; ++s) {
+    const float v = optimizer_->slot_initial_value(s);
+    float* p = row + dim_ * (1 + s);
+    for (int64_t j = 0; j < dim_; ++j) p[j] = v;
+  }
+}
+
+void Table::rebuild_rows(int64_t new_width) {
+  // Builds every shard's new storage first, so an allocation failure changes nothing.
+  int64_t shift = chunk_shift_for(new_width);
+  std::vector<RowStore> fresh;
+  fresh.reserve(shards_.size());
+  for (auto& sp : shards_) {
+    RowStore& old = sp->rows;
+    RowStore r(new_width, shift);
+    r.reserve(old.size());
+    for (int64_t i = 0; i < old.size(); ++i) {
+      int64_t j = r.push_back();
+      float* dst = r.row(j);
+      std::memcpy(dst, old.row(i), sizeof(float) * dim_);
+      init_slots(dst);
+      r.key(j) = old.key(i);
+      r.last_update(j) = old.last_update(i);
+      r.count(j) = old.count(i);
+    }
+    fresh.push_back(std::move(r));
+  }
+  for (size_t s = 0; s < shards_.size(); ++s) shards_[s]->rows = std::move(fresh[s]);
+}
+
+void Table::group_by_shard(const int64_t* keys, int64_t n, Grouping* g) const {
+  g->hashes.resize(n);
+  g->order.resize(n);
+  int64_t counts[kNumShards] = {0};
+  for (int64_t i = 0; i < n; ++i) {
+    uint64_t h = hash_key(keys[i]);
+    g->hashes[i] = h;
+    ++counts[shard_of(h)];
+  }
+  int64_t pos[kNumShards];
+  g->start[0] = 0;
+  for (int s = 0; s < kNumShards; ++s) {
+    pos[s] = g->start[s];
+    g->start[s + 1] = g->start[s] + counts[s];
+  }
+  for (int64_t i = 0; i < n; ++i) g->order[pos[shard_of(g->hashes[i])]++] = i;
+}
+
+template <class Fn>
+void Table::for_each_shard(const Grouping& g, Fn&& fn) {
+  int64_t total = g.start[kNumShards];
+  std::function<void(int64_t)> task = [&](int64_t s) {
+    if (g.start[s + 1] > g.start[s]) fn(static_cast<int>(s));
+  };
+  parallel_for(kNumShards, total < kParallelMin ? 1 : threads(), task);
+}
+
+int64_t Table::insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp) {
+  int64_t r = s.rows.push_back();
+  if (r >= static_cast<int64_t>(KeyIndex::kEmpty))
+    throw std::length_error("a shard of this table is full (2^32 rows)");
+  s.index.insert(key, h, static_cast<uint32_t>(r), r + 1);
+  s.rows.key(r) = key;
+  s.rows.last_update(r) = stamp;
+  s.rows.count(r) = 0;
+  init_slots(s.rows.row(r));
+  return r;
+}
+
+void Table::erase_row(Shard& s, int64_t row) {
+  int64_t key = s.rows.key(row);
+  s.index.erase(key, hash_key(key));
+  int64_t last = s.rows.size() - 1;
+  if (row != last) {
+    int64_t moved = s.rows.key(last);
+    s.index.update(moved, hash_key(moved), static_cast<uint32_t>(row));
+  }
+  s.rows.move_last_into(row);
+}
+
+void Table::find(const int64_t* keys, int64_t n, float* values, uint8_t* exists) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  const int64_t dim = dim_;
+  auto range = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (i + kPrefetch < end) {
+        uint64_t hp = hash_key(keys[i + kPrefetch]);
+        shards_[shard_of(hp)]->index.prefetch(hp);
+      }
+      uint64_t h = hash_key(keys[i]);
+      const Shard& s = *shards_[shard_of(h)];
+      int64_t r = s.index.find(keys[i], h);
+      float* out = values + i * dim;
+      if (r >= 0) {
+        std::memcpy(out, s.rows.row(r), sizeof(float) * dim);
+      } else {
+        init_.fill(static_cast<uint64_t>(keys[i]), out);
+      }
+      if (exists) exists[i] = r >= 0;
+    }
+  };
+  if (n < kParallelMin || threads() == 1) {
+    range(0, n);
+    return;
+  }
+  int64_t tasks = (n + kReadTask - 1) / kReadTask;
+  parallel_for(tasks, threads(),
+               [&](int64_t t) { range(t * kReadTask, std::min(n, (t + 1) * kReadTask)); });
+}
+
+void Table::initial_values(const int64_t* keys, int64_t n, float* values) const {
+  for (int64_t i = 0; i < n; ++i) init_.fill(static_cast<uint64_t>(keys[i]), values + i * dim_);
+}
+
+int64_t Table::find_or_insert(const int64_t* keys, int64_t n, float* values, uint8_t* exists) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  const int64_t stamp = ++clock_;
+  Grouping g;
+  group_by_shard(keys, n, &g);
+  for_each_shard(g, [&](int si) {
+    Shard& s = *shards_[si];
+    for (int64_t p = g.start[si]; p < g.start[si + 1]; ++p) {
+      int64_t i = g.order[p];
+      int64_t r = s.index.find(keys[i], g.hashes[i]);
+      if (exists) exists[i] = r >= 0;
+      if (r < 0) {
+        r = insert_new(s, keys[i], g.hashes[i], stamp);
+        init_.fill(static_cast<uint64_t>(keys[i]), s.rows.row(r));
+      }
+      std::memcpy(values + i * dim_, s.rows.row(r), sizeof(float) * dim_);
+    }
+  });
+  return enforce_capacity();
+}
+
+int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const float* values) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  const int64_t stamp = ++clock_;
+  Grouping g;
+  group_by_shard(keys, n, &g);
+  for_each_shard(g, [&](int si) {
+    Shard& s = *shards_[si];
+    for (int64_t p = g.start[si]; p < g.start[si + 1]; ++p) {
+      int64_t i = g.order[p];
+      int64_t r = s.index.find(keys[i], g.hashes[i]);
+      if (r < 0) r = insert_new(s, keys[i], g.hashes[i], stamp);
+      std::memcpy(s.rows.row(r), values + i * dim_, sizeof(float) * dim_);
+      s.rows.last_update(r) = stamp;
+      ++s.rows.count(r);
+    }
+  });
+  return enforce_capacity();
+}
+
+int64_t Table::accum(const int64_t* keys, int64_t n, const float* deltas, const uint8_t* exists) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  const int64_t stamp = ++clock_;
+  Grouping g;
+  group_by_shard(keys, n, &g);
+  for_each_shard(g, [&](int si) {
+    Shard& s = *shards_[si];
+    for (int64_t p = g.start[si]; p < g.start[si + 1]; ++p) {
+      int64_t i = g.order[p];
+      int64_t r = s.index.find(keys[i], g.hashes[i]);
+      const float* d = deltas + i * dim_;
+      if (r < 0 && !exists[i]) {
+        r = insert_new(s, keys[i], g.hashes[i], stamp);
+        std::memcpy(s.rows.row(r), d, sizeof(float) * dim_);
+      } else if (r >= 0 && exists[i]) {
+        float* row = s.rows.row(r);
+        for (int64_t j = 0; j < dim_; ++j) row[j] += d[j];
+      } else {
+        continue;
+      }
+      s.rows.last_update(r) = stamp;
+      ++s.rows.count(r);
+    }
+  });
+  return enforce_capacity();
+}
+
+void Table::erase(const int64_t* keys, int64_t n) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  ++clock_;
+  Grouping g;
+  group_by_shard(keys, n, &g);
+  for_each_shard(g, [&](int si) {
+    Shard& s = *shards_[si];
+    for (int64_t p = g.start[si]; p < g.start[si + 1]; ++p) {
+      int64_t i = g.order[p];
+      int64_t r = s.index.find(keys[i], g.hashes[i]);
+      if (r >= 0) erase_row(s, r);
+    }
+  });
+}
+
+void Table::clear() {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  ++clock_;
+  for (auto& s : shards_) {
+    s->rows.clear();
+    s->index.clear();
+  }
+}
+
+int64_t Table::size_locked() const {
+  int64_t n = 0;
+  for (const auto& s : shards_) n += s->rows.size();
+  return n;
+}
+
+int64_t Table::size() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return size_locked();
+}
+
+void Table::reserve(int64_t n) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  int64_t per_shard = n / kNumShards + n / (kNumShards * 8) + 16;
+  for (auto& s : shards_) {
+    s->index.grow_to(per_shard);
+    s->rows.reserve(per_shard);
+  }
+}
+
+int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grads, float lr,
+                               int64_t step) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  if (!optimizer_)
+    throw std::invalid_argument("apply_gradients: this table has no optimizer attached");
+  const int64_t stamp = ++clock_;
+  const StepArgs args = optimizer_->prepare(lr, step);
+  const Optimizer& opt = *optimizer_;
+  Grouping g;
+  group_by_shard(keys, n, &g);
+  for_each_shard(g, [&](int si) {
+    Shard& s = *shards_[si];
+    const int64_t m = g.start[si + 1] - g.start[si];
+    DedupMap dedup(m);
+    std::vector<int64_t> rows;
+    std::vector<float> summed;
+    rows.reserve(m);
+    summed.reserve(m * dim_);
+    for (int64_t p = g.start[si]; p < g.start[si + 1]; ++p) {
+      int64_t i = g.order[p];
+      bool fresh = false;
+      int64_t u = dedup.get(keys[i], g.hashes[i], static_cast<int64_t>(rows.size()), &fresh);
+      const float* gi = grads + i * dim_;
+      if (fresh) {
+        int64_t r = s.index.find(keys[i], g.hashes[i]);
+        if (r < 0) {
+          r = insert_new(s, keys[i], g.hashes[i], stamp);
+          init_.fill(static_cast<uint64_t>(keys[i]), s.rows.row(r));
+        }
+        rows.push_back(r);
+        summed.insert(summed.end(), gi, gi + dim_);
+      } else {
+        float* acc = summed.data() + u * dim_;
+        for (int64_t j = 0; j < dim_; ++j) acc[j] += gi[j];
+      }
+    }
+    for (size_t u = 0; u < rows.size(); ++u) {
+      float* row = s.rows.row(rows[u]);
+      opt.apply(row, row + dim_, summed.data() + u * dim_, dim_, args);
+      s.rows.last_update(rows[u]) = stamp;
+      ++s.rows.count(rows[u]);
+    }
+  });
+  return enforce_capacity();
+}
+
+int64_t Table::enforce_capacity() {
+  if (capacity_ <= 0) return 0;
+  int64_t removed = restrict_locked(capacity_, evict_policy_, nullptr, nullptr, 0);
+  evicted_total_ += removed;
+  return removed;
+}
+
+int64_t Table::restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys,
+                        const float* scores, int64_t n) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  ++clock_;
+  return restrict_locked(num_reserved, by, keys, scores, n);
+}
+
+int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_t* keys,
+                               const float* scores, int64_t n) {
+  const int64_t total = size_locked();
+  if (total <= num_reserved) return 0;
+  std::unordered_map<int64_t, float> custom;
+  if (by == RestrictBy::kCustom) {
+    custom.reserve(n);
+    for (int64_t i = 0; i < n; ++i) custom[keys[i]] = scores[i];
+  }
+  auto score = [&](const Shard& s, int64_t r) -> double {
+    switch (by) {
+      case RestrictBy::kRecency: return static_cast<double>(s.rows.last_update(r));
+      case RestrictBy::kFrequency: return static_cast<double>(s.rows.count(r));
+      case RestrictBy::kCustom: {
+        auto it = custom.find(s.rows.key(r));
+        return it == custom.end() ? -std::numeric_limits<double>::infinity() : it->second;
+      }
+    }
+    return 0.0;
+  };
+  // Threshold = the num_reserved-th highest score; ties at the threshold are kept in table
+  // order until exactly num_reserved keys remain.
+  double kth = std::numeric_limits<double>::infinity();
+  int64_t keep_ties = 0;
+  if (num_reserved > 0) {
+    std::vector<double> all;
+    all.reserve(total);
+    for (const auto& s : shards_)
+      for (int64_t r = 0; r < s->rows.size(); ++r) all.push_back(score(*s, r));
+    std::nth_element(all.begin(), all.begin() + (num_reserved - 1), all.end(),
+                     std::greater<double>());
+    kth = all[num_reserved - 1];
+    int64_t greater = 0;
+    for (double v : all) greater += v > kth;
+    keep_ties = num_reserved - greater;
+  }
+  int64_t removed = 0;
+  for (auto& sp : shards_) {
+    Shard& s = *sp;
+    std::vector<uint8_t> keep(s.rows.size());
+    for (int64_t r = 0; r < s.rows.size(); ++r) {
+      double v = score(s, r);
+      keep[r] = v > kth || (v == kth && keep_ties > 0 && keep_ties--);
+    }
+    // Walk backwards: erase_row moves the last row (already decided: kept) into the hole.
+    for (int64_t r = s.rows.size() - 1; r >= 0; --r) {
+      if (!keep[r]) {
+        erase_row(s, r);
+        ++removed;
+      }
+    }
+  }
+  return removed;
+}
+
+int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, float* values,
+                           float* slots, int64_t* last_update, int64_t* update_count) const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  const int64_t ns = num_slots();
+  int64_t written = 0, base = 0;
+  for (const auto& sp : shards_) {
+    const RowStore& rows = sp->rows;
+    const int64_t sz = rows.size();
+    if (written >= limit) break;
+    if (offset >= base + sz) {
+      base += sz;
+      continue;
+    }
+    for (int64_t r = std::max<int64_t>(0, offset - base); r < sz && written < limit; ++r) {
+      const float* row = rows.row(r);
+      if (keys) keys[written] = rows.key(r);
+      if (values) std::memcpy(values + written * dim_, row, sizeof(float) * dim_);
+      if (slots && ns)
+        std::memcpy(slots + written * ns * dim_, row + dim_, sizeof(float) * ns * dim_);
+      if (last_update) last_update[written] = rows.last_update(r);
+      if (update_count) update_count[written] = rows.count(r);
+      ++written;
+    }
+    base += sz;
+  }
+  return written;
+}
+
+int64_t Table::import_rows(const int64_t* keys, int64_t n, const float* values,
+                           const float* slots, const int64_t* last_update,
+                           const int64_t* update_count) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  const int64_t stamp = ++clock_;
+  const int64_t ns = num_slots();
+  Grouping g;
+  group_by_shard(keys, n, &g);
+  for_each_shard(g, [&](int si) {
+    Shard& s = *shards_[si];
+    for (int64_t p = g.start[si]; p < g.start[si + 1]; ++p) {
+      int64_t i = g.order[p];
+      int64_t r = s.index.find(keys[i], g.hashes[i]);
+      if (r < 0) r = insert_new(s, keys[i], g.hashes[i], stamp);
+      float* row = s.rows.row(r);
+      std::memcpy(row, values + i * dim_, sizeof(float) * dim_);
+      if (slots && ns) std::memcpy(row + dim_, slots + i * ns * dim_, sizeof(float) * ns * dim_);
+      s.rows.last_update(r) = last_update ? last_update[i] : stamp;
+      s.rows.count(r) = update_count ? static_cast<uint32_t>(update_count[i]) : 0;
+    }
+  });
+  if (last_update) {
+    // Keep the clock ahead of every imported stamp so recency stays meaningful.
+    int64_t mx = 0;
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, last_update[i]);
+    if (mx >= clock_) clock_ = mx + 1;
+  }
+  return enforce_capacity();
+}
+
+size_t Table::memory_bytes() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  size_t b = 0;
+  for (const auto& s : shards_) b += s->rows.bytes() + s->index.bytes();
+  return b;
+}
+
+}  // namespace dualemb

@@ -1,0 +1,111 @@
+// table.h — one dynamic embedding table: key -> [value | optimizer slots] + metadata.
+//
+// The table is split into kNumShards shards by key hash. One reader-writer lock guards the whole
+// table: reads share it, writes take it exclusively. Inside one batched call, reads split the
+// batch into ranges and writes split it by shard, so both run on several cores without finer
+// locking, and a batch is applied atomically with respect to other callers.
+#ifndef DUALEMB_TABLE_H_
+#define DUALEMB_TABLE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <string>
+#include <functional>
+#include <vector>
+
+#include "hash.h"
+#include "initializer.h"
+#include "key_index.h"
+#include "optimizer.h"
+#include "row_store.h"
+
+namespace dualemb {
+
+enum class RestrictBy { kRecency = 0, kFrequency = 1, kCustom = 2 };
+
+class Table {
+ public:
+  // Throws std::invalid_argument for a bad config (names the problem).
+  explicit Table(const std::string& config);
+
+  int64_t dim() const { return dim_; }
+  int key_dtype() const { return key_dtype_; }
+  int num_slots() const;
+  std::string describe() const;  // config + "|" + optimizer spec
+  std::vector<std::string> slot_names() const;
+  void set_optimizer(const std::string& spec);
+  void set_num_threads(int n) { num_threads_ = n; }
+
+  // All keys are int64 here; the C ABI widens int32 keys at the boundary.
+  void find(const int64_t* keys, int64_t n, float* values, uint8_t* exists) const;
+  int64_t find_or_insert(const int64_t* keys, int64_t n, float* values, uint8_t* exists);
+  int64_t insert_or_assign(const int64_t* keys, int64_t n, const float* values);
+  int64_t accum(const int64_t* keys, int64_t n, const float* deltas, const uint8_t* exists);
+  void erase(const int64_t* keys, int64_t n);
+  void clear();
+  int64_t size() const;
+  void reserve(int64_t n);
+  int64_t apply_gradients(const int64_t* keys, int64_t n, const float* grads, float lr,
+                          int64_t step);
+  int64_t restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys, const float* scores,
+                   int64_t n);
+  int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, float* values, float* slots,
+                      int64_t* last_update, int64_t* update_count) const;
+  int64_t import_rows(const int64_t* keys, int64_t n, const float* values, const float* slots,
+                      const int64_t* last_update, const int64_t* update_count);
+  void initial_values(const int64_t* keys, int64_t n, float* values) const;
+
+  int64_t clock() const { return clock_.load(); }
+  void set_clock(int64_t c) { clock_.store(c); }
+  int64_t evicted_total() const { return evicted_total_.load(); }
+  size_t memory_bytes() const;
+
+ private:
+  struct Shard {
+    explicit Shard(int64_t width, int64_t chunk_shift) : rows(width, chunk_shift) {}
+    KeyIndex index;
+    RowStore rows;
+  };
+  // Batch positions grouped by shard, in batch order within each shard.
+  struct Grouping {
+    std::vector<int64_t> order;   // positions, shard-major
+    int64_t start[kNumShards + 1];
+    std::vector<uint64_t> hashes;  // per position
+  };
+  void group_by_shard(const int64_t* keys, int64_t n, Grouping* g) const;
+  // Runs fn(shard index) for every shard that has keys in g, in parallel.
+  template <class Fn>
+  void for_each_shard(const Grouping& g, Fn&& fn);
+
+  // Inserts a new row for key (hash h) in shard s with its initial value and slots.
+  int64_t insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp);
+  void init_slots(float* row) const;
+  void erase_row(Shard& s, int64_t row);
+  void rebuild_rows(int64_t new_width);
+  // Evicts by the configured policy down to the capacity; caller holds the lock exclusively.
+  int64_t enforce_capacity();
+  int64_t restrict_locked(int64_t num_reserved, RestrictBy by, const int64_t* keys,
+                          const float* scores, int64_t n);
+  int64_t size_locked() const;
+  int threads() const { return num_threads_; }
+  int64_t chunk_shift_for(int64_t width) const;
+  int64_t width() const { return dim_ * (1 + num_slots()); }
+
+  int64_t dim_;
+  int key_dtype_;
+  Initializer init_;
+  int64_t capacity_ = 0;
+  RestrictBy evict_policy_ = RestrictBy::kRecency;
+  int num_threads_ = 0;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  mutable std::shared_mutex mu_;
+  std::atomic<int64_t> clock_{0};
+  std::atomic<int64_t> evicted_total_{0};
+};
+
+}  // namespace dualemb
+
+#endif  // DUALEMB_TABLE_H_

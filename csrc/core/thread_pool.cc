@@ -1,0 +1,122 @@
+#include "thread_pool.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace dualemb {
+namespace {
+
+// One parallel_for call: tasks are claimed from `next`; `done` counts finished tasks.
+struct Job {
+  const std::function<void(int64_t)>* fn;
+  int64_t num_tasks;
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+  std::mutex mu;
+  std::condition_variable cv;
+  std::exception_ptr error;
+
+  void run_tasks() {
+    for (;;) {
+      int64_t i = next.fetch_add(1);
+      if (i >= num_tasks) return;
+      try {
+        (*fn)(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!error) error = std::current_exception();
+      }
+      if (done.fetch_add(1) + 1 == num_tasks) {
+        std::lock_guard<std::mutex> lock(mu);
+        cv.notify_all();
+      }
+    }
+  }
+};
+
+class Pool {
+ public:
+  Pool() {
+    int n = std::max(1, hardware_threads() - 1);
+    for (int i = 0; i < n; ++i) workers_.emplace_back([this] { loop(); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  // Offers the job to up to `helpers` idle workers.
+  void offer(const std::shared_ptr<Job>& job, int helpers) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (int i = 0; i < helpers; ++i) queue_.push_back(job);
+    }
+    if (helpers == 1) cv_.notify_one(); else cv_.notify_all();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+        if (stop_) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      job->run_tasks();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::vector<std::thread> workers_;
+  bool stop_ = false;
+};
+
+Pool& pool() {
+  // Leaked on purpose: joining workers during static destruction at interpreter exit can hang.
+  static Pool* p = new Pool();
+  return *p;
+}
+
+}  // namespace
+
+int hardware_threads() {
+  static const int n = std::max(1u, std::thread::hardware_concurrency());
+  return n;
+}
+
+void parallel_for(int64_t num_tasks, int max_threads, const std::function<void(int64_t)>& fn) {
+  if (num_tasks <= 0) return;
+  int threads = max_threads <= 0 ? hardware_threads() : std::min(max_threads, hardware_threads());
+  threads = static_cast<int>(std::min<int64_t>(threads, num_tasks));
+  if (threads <= 1) {
+    for (int64_t i = 0; i < num_tasks; ++i) fn(i);
+    return;
+  }
+  auto job = std::make_shared<Job>();
+  job->fn = &fn;
+  job->num_tasks = num_tasks;
+  pool().offer(job, threads - 1);
+  job->run_tasks();
+  {
+    std::unique_lock<std::mutex> lock(job->mu);
+    job->cv.wait(lock, [&] { return job->done.load() == num_tasks; });
+  }
+  if (job->error) std::rethrow_exception(job->error);
+}
+
+}  // namespace dualemb

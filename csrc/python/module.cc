@@ -1,0 +1,325 @@
+// dualemb._core — pybind11 bindings over the C ABI. Thin on purpose: shapes and dtypes are
+// checked here (so nothing unchecked reaches C), the GIL is released around every table call,
+// and dualemb/core/table.py gives it a friendly interface.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dualemb_core.h"
+
+namespace py = pybind11;
+
+namespace {
+
+// Raised as ValueError (bad argument) or KeyError-free LookupError for unknown tables.
+void check(int rc) {
+  if (rc == 0) return;
+  std::string msg = de_last_error();
+  if (msg.find("unknown table id") != std::string::npos) throw py::key_error(msg);
+  throw py::value_error(msg);
+}
+
+struct KeyView {
+  const void* ptr;
+  int64_t n;
+  int32_t dtype;
+};
+
+KeyView key_view(const py::array& keys) {
+  if (!(keys.flags() & py::array::c_style))
+    throw py::value_error("keys must be C-contiguous");
+  py::dtype dt = keys.dtype();
+  int32_t code;
+  if (dt.is(py::dtype::of<int64_t>())) code = DE_KEY_INT64;
+  else if (dt.is(py::dtype::of<int32_t>())) code = DE_KEY_INT32;
+  else throw py::value_error("keys must be int64 or int32, got " + std::string(py::str(dt)));
+  return {keys.data(), static_cast<int64_t>(keys.size()), code};
+}
+
+float* float_buffer(py::array& a, int64_t expected, const char* name) {
+  if (!a.dtype().is(py::dtype::of<float>()) || !(a.flags() & py::array::c_style) ||
+      !a.writeable())
+    throw py::value_error(std::string(name) + " must be a writable C-contiguous float32 array");
+  if (a.size() != expected)
+    throw py::value_error(std::string(name) + " has " + std::to_string(a.size()) +
+                          " elements, expected " + std::to_string(expected));
+  return static_cast<float*>(a.mutable_data());
+}
+
+const float* float_input(const py::array& a, int64_t expected, const char* name) {
+  if (!a.dtype().is(py::dtype::of<float>()) || !(a.flags() & py::array::c_style))
+    throw py::value_error(std::string(name) + " must be a C-contiguous float32 array");
+  if (a.size() != expected)
+    throw py::value_error(std::string(name) + " has " + std::to_string(a.size()) +
+                          " elements, expected " + std::to_string(expected));
+  return static_cast<const float*>(a.data());
+}
+
+template <class T>
+T* typed_buffer(py::array& a, int64_t expected, const char* name) {
+  if (!a.dtype().is(py::dtype::of<T>()) || !(a.flags() & py::array::c_style) || !a.writeable())
+    throw py::value_error(std::string(name) + " has the wrong dtype or layout");
+  if (a.size() != expected) throw py::value_error(std::string(name) + " has the wrong size");
+  return static_cast<T*>(a.mutable_data());
+}
+
+template <class T>
+const T* typed_input(const py::object& o, int64_t expected, const char* name) {
+  if (o.is_none()) return nullptr;
+  py::array a = o.cast<py::array>();
+  if (!a.dtype().is(py::dtype::of<T>()) || !(a.flags() & py::array::c_style))
+    throw py::value_error(std::string(name) + " has the wrong dtype or layout");
+  if (a.size() != expected) throw py::value_error(std::string(name) + " has the wrong size");
+  return static_cast<const T*>(a.data());
+}
+
+int64_t dim_of(int64_t id) {
+  int64_t dim;
+  int32_t kd, ns;
+  check(de_table_dims(id, &dim, &kd, &ns));
+  return dim;
+}
+
+int32_t slots_of(int64_t id) {
+  int64_t dim;
+  int32_t kd, ns;
+  check(de_table_dims(id, &dim, &kd, &ns));
+  return ns;
+}
+
+std::string read_string(int (*fn)(int64_t, char*, size_t, size_t*), int64_t id) {
+  size_t needed = 0;
+  check(fn(id, nullptr, 0, &needed));
+  std::string s(needed, '\0');
+  check(fn(id, s.data(), s.size(), &needed));
+  s.resize(needed - 1);
+  return s;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "Low-level bindings of libdualemb_core (use dualemb.core.Table instead).";
+
+  m.def("version", [] { return std::string(de_version()); });
+  m.def("create", [](int64_t id, const std::string& config) {
+    int64_t out;
+    check(de_table_create(id, config.c_str(), &out));
+    return out;
+  });
+  m.def("exists", [](int64_t id) { return de_table_exists(id) == 1; });
+  m.def("destroy", [](int64_t id) { check(de_table_destroy(id)); });
+  m.def("describe", [](int64_t id) { return read_string(de_table_describe, id); });
+  m.def("slot_names", [](int64_t id) { return read_string(de_slot_names, id); });
+  m.def("dims", [](int64_t id) {
+    int64_t dim;
+    int32_t kd, ns;
+    check(de_table_dims(id, &dim, &kd, &ns));
+    return py::make_tuple(dim, kd, ns);
+  });
+  m.def("set_optimizer", [](int64_t id, const std::string& spec) {
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = de_set_optimizer(id, spec.c_str());
+    }
+    check(rc);
+  });
+  m.def("set_num_threads", [](int64_t id, int32_t n) { check(de_set_num_threads(id, n)); });
+
+  m.def("find", [](int64_t id, py::array keys, py::array values, py::object exists) {
+    KeyView k = key_view(keys);
+    float* v = float_buffer(values, k.n * dim_of(id), "values");
+    uint8_t* e = nullptr;
+    if (!exists.is_none()) {
+      py::array ea = exists.cast<py::array>();
+      e = typed_buffer<uint8_t>(ea, k.n, "exists");
+    }
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = de_find(id, k.dtype, k.ptr, k.n, v, e);
+    }
+    check(rc);
+  });
+  m.def("find_or_insert", [](int64_t id, py::array keys, py::array values, py::object exists) {
+    KeyView k = key_view(keys);
+    float* v = float_buffer(values, k.n * dim_of(id), "values");
+    uint8_t* e = nullptr;
+    if (!exists.is_none()) {
+      py::array ea = exists.cast<py::array>();
+      e = typed_buffer<uint8_t>(ea, k.n, "exists");
+    }
+    int64_t evicted = 0;
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = de_find_or_insert(id, k.dtype, k.ptr, k.n, v, e, &evicted);
+    }
+    check(rc);
+    return evicted;
+  });
+  m.def("insert_or_assign", [](int64_t id, py::array keys, py::array values) {
+    KeyView k = key_view(keys);
+    const float* v = float_input(values, k.n * dim_of(id), "values");
+    int64_t evicted = 0;
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = de_insert_or_assign(id, k.dtype, k.ptr, k.n, v, &evicted);
+    }
+    check(rc);
+    return evicted;
+  });
+  m.def("accum", [](int64_t id, py::array keys, py::array deltas, py::array exists) {
+    KeyView k = key_view(keys);
+    const float* d = float_input(deltas, k.n * dim_of(id), "deltas");
+    const uint8_t* e = typed_input<uint8_t>(exists, k.n, "exists");
+    int64_t evicted = 0;
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = de_accum(id, k.dtype, k.ptr, k.n, d, e, &evicted);
+    }
+    check(rc);
+    return evicted;
+  });
+  m.def("erase", [](int64_t id, py::array keys) {
+    KeyView k = key_view(keys);
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = de_erase(id, k.dtype, k.ptr, k.n);
+    }
+    check(rc);
+  });
+  m.def("clear", [](int64_t id) {
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = de_clear(id);
+    }
+    check(rc);
+  });
+  m.def("size", [](int64_t id) {
+    int64_t n;
+    check(de_size(id, &n));
+    return n;
+  });
+  m.def("reserve", [](int64_t id, int64_t n) {
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = de_reserve(id, n);
+    }
+    check(rc);
+  });
+  m.def("apply_gradients",
+        [](int64_t id, py::array keys, py::array grads, float lr, int64_t step) {
+          KeyView k = key_view(keys);
+          const float* g = float_input(grads, k.n * dim_of(id), "grads");
+          int64_t evicted = 0;
+          int rc;
+          {
+            py::gil_scoped_release release;
+            rc = de_apply_gradients(id, k.dtype, k.ptr, k.n, g, lr, step, &evicted);
+          }
+          check(rc);
+          return evicted;
+        });
+  m.def("restrict", [](int64_t id, int64_t num_reserved, int32_t policy, py::object keys,
+                       py::object scores) {
+    KeyView k{nullptr, 0, 0};
+    const float* s = nullptr;
+    if (!keys.is_none()) {
+      k = key_view(keys.cast<py::array>());
+      s = typed_input<float>(scores, k.n, "scores");
+    }
+    int64_t removed = 0;
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = de_restrict(id, num_reserved, policy, k.dtype, k.ptr, s, k.n, &removed);
+    }
+    check(rc);
+    return removed;
+  });
+  m.def("export_page", [](int64_t id, int64_t offset, py::array keys, py::array values,
+                          py::object slots, py::object last_update, py::object update_count) {
+    int64_t limit = keys.size();
+    KeyView k = key_view(keys);
+    if (!keys.writeable()) throw py::value_error("keys buffer must be writable");
+    int64_t dim = dim_of(id);
+    float* v = float_buffer(values, limit * dim, "values");
+    float* sl = nullptr;
+    int64_t* lu = nullptr;
+    int64_t* uc = nullptr;
+    if (!slots.is_none()) {
+      py::array a = slots.cast<py::array>();
+      sl = float_buffer(a, limit * dim * slots_of(id), "slots");
+    }
+    if (!last_update.is_none()) {
+      py::array a = last_update.cast<py::array>();
+      lu = typed_buffer<int64_t>(a, limit, "last_update");
+    }
+    if (!update_count.is_none()) {
+      py::array a = update_count.cast<py::array>();
+      uc = typed_buffer<int64_t>(a, limit, "update_count");
+    }
+    int64_t n = 0;
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = de_export(id, offset, limit, k.dtype, const_cast<void*>(k.ptr), v, sl, lu, uc, &n);
+    }
+    check(rc);
+    return n;
+  });
+  m.def("import_rows", [](int64_t id, py::array keys, py::array values, py::object slots,
+                          py::object last_update, py::object update_count) {
+    KeyView k = key_view(keys);
+    int64_t dim = dim_of(id);
+    const float* v = float_input(values, k.n * dim, "values");
+    const float* sl = typed_input<float>(slots, k.n * dim * slots_of(id), "slots");
+    const int64_t* lu = typed_input<int64_t>(last_update, k.n, "last_update");
+    const int64_t* uc = typed_input<int64_t>(update_count, k.n, "update_count");
+    int64_t evicted = 0;
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = de_import(id, k.dtype, k.ptr, k.n, v, sl, lu, uc, &evicted);
+    }
+    check(rc);
+    return evicted;
+  });
+  m.def("initial_values", [](int64_t id, py::array keys, py::array values) {
+    KeyView k = key_view(keys);
+    float* v = float_buffer(values, k.n * dim_of(id), "values");
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = de_initial_values(id, k.dtype, k.ptr, k.n, v);
+    }
+    check(rc);
+  });
+  m.def("clock", [](int64_t id) {
+    int64_t c;
+    check(de_get_clock(id, &c));
+    return c;
+  });
+  m.def("set_clock", [](int64_t id, int64_t c) { check(de_set_clock(id, c)); });
+  m.def("evicted_total", [](int64_t id) {
+    int64_t c;
+    check(de_evicted_total(id, &c));
+    return c;
+  });
+  m.def("memory_bytes", [](int64_t id) {
+    int64_t c;
+    check(de_memory_bytes(id, &c));
+    return c;
+  });
+}

@@ -1,0 +1,63 @@
+"""Initializer specs. An initial row is a pure function of (seed, key): the same key gets the
+same row in TF and JAX, on any number of shards or threads.
+
+Each function returns a plain dict (what checkpoints record); ``Table(initializer=...)`` also
+accepts ``None`` (zeros), a number (constant), a 1-D array of length dim or 1 (vector), or such
+a dict.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+
+def zeros() -> dict:
+    return {"initializer": "zeros"}
+
+
+def constant(value: float) -> dict:
+    return {"initializer": "constant", "value": float(value)}
+
+
+def vector(values) -> dict:
+    """Every new row is `values` (length dim, or length 1 broadcast to dim)."""
+    arr = np.asarray(values, dtype=np.float32).reshape(-1)
+    return {"initializer": "vector", "values": [float(v) for v in arr]}
+
+
+def normal(mean: float = 0.0, stddev: float = 1.0, seed: int = 0) -> dict:
+    return {"initializer": "normal", "mean": float(mean), "stddev": float(stddev),
+            "seed": int(seed)}
+
+
+def truncated_normal(mean: float = 0.0, stddev: float = 1.0, seed: int = 0) -> dict:
+    """Normal draws beyond two standard deviations are redrawn (Keras' TruncatedNormal)."""
+    return {"initializer": "truncated_normal", "mean": float(mean), "stddev": float(stddev),
+            "seed": int(seed)}
+
+
+def uniform(minval: float = -0.05, maxval: float = 0.05, seed: int = 0) -> dict:
+    return {"initializer": "uniform", "minval": float(minval), "maxval": float(maxval),
+            "seed": int(seed)}
+
+
+def canonical(initializer) -> dict:
+    """Turns any accepted initializer form into its dict spec (raises TypeError otherwise)."""
+    if initializer is None:
+        return zeros()
+    if isinstance(initializer, dict):
+        if "initializer" not in initializer:
+            raise ValueError(f"initializer dict needs an 'initializer' kind: {initializer!r}")
+        return dict(initializer)
+    if isinstance(initializer, str):
+        return {"zeros": zeros, "normal": normal, "truncated_normal": truncated_normal,
+                "uniform": uniform}.get(initializer, lambda: {"initializer": initializer})()
+    if isinstance(initializer, numbers.Real) and not isinstance(initializer, bool):
+        return constant(initializer)
+    if isinstance(initializer, (list, tuple, np.ndarray)):
+        return vector(initializer)
+    raise TypeError(
+        f"unsupported initializer {initializer!r}: use None, a number, an array of length dim "
+        "or 1, or a dualemb.core.initializers spec")
