@@ -106,6 +106,8 @@ std::unique_ptr<Optimizer> make_adagrad(const Config& cfg, const std::string& na
 // adam, adamw (both flavors; amsgrad=true selects Keras' amsgrad / optax.amsgrad).
 std::unique_ptr<Optimizer> make_adam(const Config& cfg, const std::string& name, Flavor flavor);
 std::unique_ptr<Optimizer> make_adamax(const Config& cfg, const std::string& name, Flavor flavor);
+// optax.nadam = optax.adam(nesterov=True): lives in adam.cc, called by make_nadam.
+std::unique_ptr<Optimizer> make_optax_nadam(const Config& cfg);
 std::unique_ptr<Optimizer> make_nadam(const Config& cfg, const std::string& name, Flavor flavor);
 std::unique_ptr<Optimizer> make_rmsprop(const Config& cfg, const std::string& name, Flavor flavor);
 std::unique_ptr<Optimizer> make_ftrl(const Config& cfg, const std::string& name, Flavor flavor);

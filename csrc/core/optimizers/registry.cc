@@ -109,10 +109,8 @@ std::unique_ptr<Optimizer> make_optimizer(const std::string& spec) {
   }
   if (!factory)
     throw std::invalid_argument("unknown optimizer '" + name + "' (known: " + known + ")");
-  if (!cfg.has("flavor"))
-    throw std::invalid_argument("optimizer '" + name +
-                                "': the spec needs flavor=keras or flavor=optax");
-  const std::string flavor = cfg.get_string("flavor", "");
+  // Like dualemb.core.optimizers.canonical(), a spec without a flavor means flavor=keras.
+  const std::string flavor = cfg.get_string("flavor", "keras");
   Flavor f;
   if (flavor == "keras") {
     f = Flavor::kKeras;

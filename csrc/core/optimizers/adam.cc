@@ -1,0 +1,211 @@
+// adam.cc — Adam, AdamW, AMSGrad (and Optax's Nesterov variants of adam/adamw).
+//
+// keras.optimizers.Adam(beta_1=0.9, beta_2=0.999, epsilon=1e-7, amsgrad=False), AdamW adds
+// weight_decay=0.004. Slots "momentum", "velocity" (+ "velocity_hat" with amsgrad):
+//   AdamW only, first:  w = w - (w*weight_decay)*lr
+//   alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)              (float32 scalars)
+//   m += (g - m)*(1 - beta_1);  v += (g*g - v)*(1 - beta_2)
+//   amsgrad: vh = max(vh, v), v := vh
+//   w -= (m*alpha) / (sqrt(v) + epsilon)
+// optax.adam(b1=0.9, b2=0.999, eps=1e-8, eps_root=0, nesterov=False), optax.adamw(... ,
+// weight_decay=1e-4, nesterov=False), optax.amsgrad(b1, b2, eps, eps_root, bias_correction_mu=True,
+// bias_correction_nu=True). Slots "mu", "nu" (+ "nu_max" with amsgrad):
+//   mu = (1-b1)*g + b1*mu;  nu = (1-b2)*g*g + b2*nu
+//   mu_hat = mu/(1-b1^t)   [nesterov: b1*(mu/(1-b1^(t+1))) + (1-b1)*(g/(1-b1^t))];  nu_hat = nu/(1-b2^t)
+//   amsgrad: nu_max = max(nu_max, nu_hat) (optax keeps the max of the *bias-corrected* nu; Keras of
+//   the raw v), nu_hat := nu_max
+//   u = mu_hat / (sqrt(nu_hat + eps_root) + eps);  adamw: u += weight_decay*w;  w += u*(-lr)
+// Spec: name=adam with amsgrad=true selects optax.amsgrad; name=amsgrad is an alias of that
+// (canonical name adam). optax.adam(nesterov=True) is optax.nadam (also name=nadam, flavor=optax).
+#include <algorithm>
+#include <memory>
+#include <string>
+
+#include "optimizers/common.h"
+
+namespace dualemb {
+namespace optimizers {
+namespace {
+
+class KerasAdam final : public OptimizerBase {
+ public:
+  KerasAdam(const Config& cfg, const std::string& name) {
+    const bool adamw = name == "adamw";
+    HyperParams hp(cfg, adamw ? "adamw" : "adam", Flavor::kKeras);
+    wd_ = adamw ? static_cast<float>(hp.real("weight_decay", 0.004, kNonNegative)) : 0.f;
+    const double b1 = hp.real("beta_1", 0.9, kUnitOpenHigh);
+    const double b2 = hp.real("beta_2", 0.999, kUnitOpenHigh);
+    eps_ = static_cast<float>(hp.real("epsilon", 1e-7, kNonNegative));
+    amsgrad_ = hp.flag("amsgrad", name == "amsgrad");
+    if (name == "amsgrad" && !amsgrad_) hp.fail("name=amsgrad contradicts amsgrad=false");
+    set_spec(hp.finish());
+    b1_ = static_cast<float>(b1);
+    b2_ = static_cast<float>(b2);
+    omb1_ = static_cast<float>(1.0 - b1);  // Keras: `1 - self.beta_1` in Python, then cast
+    omb2_ = static_cast<float>(1.0 - b2);
+    decay_ = adamw;
+    add_slot("momentum", 0.f);
+    add_slot("velocity", 0.f);
+    if (amsgrad_) add_slot("velocity_hat", 0.f);
+  }
+
+  StepArgs prepare(float lr, int64_t step) const override {
+    StepArgs a = start(lr, step);
+    const float b1p = pow_step(b1_, step), b2p = pow_step(b2_, step);
+    a.c[0] = (lr * std::sqrt(1.f - b2p)) / (1.f - b1p);  // alpha
+    return a;
+  }
+
+  void apply(float* row, float* slots, const float* grad, int64_t dim,
+             const StepArgs& args) const override {
+    const float alpha = static_cast<float>(args.c[0]);
+    float* m = slots;
+    float* v = slots + dim;
+    float* vh = slots + 2 * dim;
+    if (amsgrad_) {
+      if (decay_)
+        kernel<true, true>(row, m, v, vh, grad, dim, alpha, args.lr);
+      else
+        kernel<true, false>(row, m, v, vh, grad, dim, alpha, args.lr);
+    } else {
+      if (decay_)
+        kernel<false, true>(row, m, v, vh, grad, dim, alpha, args.lr);
+      else
+        kernel<false, false>(row, m, v, vh, grad, dim, alpha, args.lr);
+    }
+  }
+
+ private:
+  template <bool kAms, bool kDecay>
+  void kernel(float* __restrict w, float* __restrict m, float* __restrict v,
+              float* __restrict vh, const float* __restrict g, int64_t dim, float alpha,
+              float lr) const {
+    const float omb1 = omb1_, omb2 = omb2_, eps = eps_, wd = wd_;
+    for (int64_t i = 0; i < dim; ++i) {
+      float wi = w[i];
+      if (kDecay) wi = wi - (wi * wd) * lr;
+      const float gi = g[i];
+      const float mi = m[i] + (gi - m[i]) * omb1;
+      float vi = v[i] + (gi * gi - v[i]) * omb2;
+      m[i] = mi;
+      v[i] = vi;
+      if (kAms) {
+        vi = std::max(vh[i], vi);
+        vh[i] = vi;
+      }
+      w[i] = wi - (mi * alpha) / (std::sqrt(vi) + eps);
+    }
+  }
+
+  float b1_, b2_, omb1_, omb2_, eps_, wd_;
+  bool amsgrad_, decay_;
+};
+
+class OptaxAdam final : public OptimizerBase {
+ public:
+  // name: adam, amsgrad, adamw, or nadam (= adam with nesterov=true, no amsgrad).
+  OptaxAdam(const Config& cfg, const std::string& name) {
+    const bool adamw = name == "adamw";
+    const bool nadam = name == "nadam";
+    HyperParams hp(cfg, (adamw || nadam) ? name : "adam", Flavor::kOptax);
+    const double b1 = hp.real("b1", 0.9, kUnitOpenHigh);
+    const double b2 = hp.real("b2", 0.999, kUnitOpenHigh);
+    eps_ = static_cast<float>(hp.real("eps", 1e-8, kNonNegative));
+    eps_root_ = static_cast<float>(hp.real("eps_root", 0.0, kNonNegative));
+    wd_ = adamw ? static_cast<float>(hp.real("weight_decay", 1e-4, kNonNegative)) : 0.f;
+    nesterov_ = nadam ? true : hp.flag("nesterov", false);
+    amsgrad_ = false;
+    bc_mu_ = bc_nu_ = true;
+    if (!adamw && !nadam) {
+      amsgrad_ = hp.flag("amsgrad", name == "amsgrad");
+      if (name == "amsgrad" && !amsgrad_) hp.fail("name=amsgrad contradicts amsgrad=false");
+      if (amsgrad_) {
+        if (nesterov_) hp.fail("nesterov=true cannot be combined with amsgrad=true (optax has no such optimizer)");
+        bc_mu_ = hp.flag("bias_correction_mu", true);
+        bc_nu_ = hp.flag("bias_correction_nu", true);
+      } else if (cfg.has("bias_correction_mu") || cfg.has("bias_correction_nu")) {
+        hp.fail("bias_correction_mu/bias_correction_nu need amsgrad=true (optax.amsgrad)");
+      }
+    }
+    set_spec(hp.finish());
+    b1_ = static_cast<float>(b1);
+    b2_ = static_cast<float>(b2);
+    omb1_ = static_cast<float>(1.0 - b1);  // Optax: `(1 - decay)` in Python, weakly typed
+    omb2_ = static_cast<float>(1.0 - b2);
+    decay_ = adamw && wd_ != 0.f;
+    add_slot("mu", 0.f);
+    add_slot("nu", 0.f);
+    if (amsgrad_) add_slot("nu_max", 0.f);
+  }
+
+  StepArgs prepare(float lr, int64_t step) const override {
+    StepArgs a = start(lr, step);
+    a.c[0] = bc_mu_ ? 1.f - pow_step(b1_, step) : 1.f;
+    a.c[1] = bc_nu_ ? 1.f - pow_step(b2_, step) : 1.f;
+    a.c[2] = 1.f - pow_step(b1_, step + 1);
+    return a;
+  }
+
+  void apply(float* row, float* slots, const float* grad, int64_t dim,
+             const StepArgs& args) const override {
+    Scalars s{static_cast<float>(args.c[0]), static_cast<float>(args.c[1]),
+              static_cast<float>(args.c[2]), -args.lr};
+    if (amsgrad_)
+      kernel<false, true, false>(row, slots, grad, dim, s);
+    else if (nesterov_)
+      decay_ ? kernel<true, false, true>(row, slots, grad, dim, s)
+             : kernel<true, false, false>(row, slots, grad, dim, s);
+    else
+      decay_ ? kernel<false, false, true>(row, slots, grad, dim, s)
+             : kernel<false, false, false>(row, slots, grad, dim, s);
+  }
+
+ private:
+  struct Scalars {
+    float bc1, bc2, bc1_next, nlr;
+  };
+
+  template <bool kNesterov, bool kAms, bool kDecay>
+  void kernel(float* __restrict w, float* __restrict slots, const float* __restrict g,
+              int64_t dim, const Scalars& s) const {
+    float* __restrict mu = slots;
+    float* __restrict nu = slots + dim;
+    float* __restrict nm = slots + 2 * dim;
+    const float b1 = b1_, b2 = b2_, omb1 = omb1_, omb2 = omb2_, eps = eps_, eps_root = eps_root_;
+    const float wd = wd_, bc1 = s.bc1, bc2 = s.bc2, bc1n = s.bc1_next, nlr = s.nlr;
+    for (int64_t i = 0; i < dim; ++i) {
+      const float gi = g[i];
+      const float mi = omb1 * gi + b1 * mu[i];
+      const float ni = omb2 * (gi * gi) + b2 * nu[i];
+      mu[i] = mi;
+      nu[i] = ni;
+      const float mh = kNesterov ? b1 * (mi / bc1n) + omb1 * (gi / bc1) : mi / bc1;
+      float nh = ni / bc2;
+      if (kAms) {
+        nh = std::max(nm[i], nh);
+        nm[i] = nh;
+      }
+      float u = mh / (std::sqrt(nh + eps_root) + eps);
+      if (kDecay) u = u + wd * w[i];
+      w[i] = w[i] + u * nlr;
+    }
+  }
+
+  float b1_, b2_, omb1_, omb2_, eps_, eps_root_, wd_;
+  bool nesterov_, amsgrad_, bc_mu_, bc_nu_, decay_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_adam(const Config& cfg, const std::string& name, Flavor flavor) {
+  if (flavor == Flavor::kKeras) return std::make_unique<KerasAdam>(cfg, name);
+  return std::make_unique<OptaxAdam>(cfg, name);
+}
+
+// optax.nadam = optax.adam(nesterov=True). (Keras Nadam is a different algorithm: nadam.cc.)
+std::unique_ptr<Optimizer> make_optax_nadam(const Config& cfg) {
+  return std::make_unique<OptaxAdam>(cfg, "nadam");
+}
+
+}  // namespace optimizers
+}  // namespace dualemb

@@ -1,0 +1,189 @@
+// rmsprop.cc — RMSprop (plain, centered, with momentum).
+//
+// keras.optimizers.RMSprop(rho=0.9, momentum=0.0, epsilon=1e-7, centered=False) — slots
+// "velocity", then "momentum" (momentum > 0), then "average_gradient" (centered), Keras' order:
+//   v = rho*v + (1-rho)*g*g;  centered: a = rho*a + (1-rho)*g, den = (v - a*a) + epsilon,
+//   else den = v + epsilon;  inc = (lr*g)/sqrt(den)
+//   momentum: mo = momentum*mo + inc, w -= mo;  else w -= inc
+// optax.rmsprop(lr, decay=0.9, eps=1e-8, initial_scale=0, eps_in_sqrt=True, centered=False,
+// momentum=None, nesterov=False, bias_correction=False) — slots "mu" (centered), "nu", "trace"
+// (momentum):
+//   nu = (1-decay)*g*g + decay*nu;  centered: mu = (1-decay)*g + decay*mu
+//   bias_correction: nu_hat = nu/(1-decay^t), mu_hat = mu/(1-decay^t)
+//   s = eps_in_sqrt ? rsqrt(nu_hat [- mu_hat^2] + eps) : 1/(sqrt(nu_hat [- mu_hat^2]) + eps)
+//   u = (s*g)*(-lr);  momentum: tr = u + momentum*tr, u = nesterov ? u + momentum*tr : tr
+//   w += u
+// Differences: Optax's trace holds lr-scaled (negative) updates while Keras' momentum holds
+// positive increments; Optax's epsilon default is 1e-8, Keras' 1e-7. Optax momentum=None is
+// momentum=0 here.
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "optimizers/common.h"
+
+namespace dualemb {
+namespace optimizers {
+namespace {
+
+class KerasRmsprop final : public OptimizerBase {
+ public:
+  explicit KerasRmsprop(const Config& cfg) {
+    HyperParams hp(cfg, "rmsprop", Flavor::kKeras);
+    const double rho = hp.real("rho", 0.9, kUnit);
+    momentum_ = static_cast<float>(hp.real("momentum", 0.0, kUnit));
+    eps_ = static_cast<float>(hp.real("epsilon", 1e-7, kNonNegative));
+    centered_ = hp.flag("centered", false);
+    set_spec(hp.finish());
+    rho_ = static_cast<float>(rho);
+    omr_ = static_cast<float>(1.0 - rho);
+    add_slot("velocity", 0.f);
+    if (momentum_ > 0.f) add_slot("momentum", 0.f);
+    if (centered_) add_slot("average_gradient", 0.f);
+  }
+
+  StepArgs prepare(float lr, int64_t step) const override { return start(lr, step); }
+
+  void apply(float* row, float* slots, const float* grad, int64_t dim,
+             const StepArgs& args) const override {
+    const bool mom = momentum_ > 0.f;
+    float* v = slots;
+    float* mo = slots + dim;
+    float* a = slots + (mom ? 2 : 1) * dim;
+    if (centered_)
+      mom ? kernel<true, true>(row, v, mo, a, grad, dim, args.lr)
+          : kernel<true, false>(row, v, mo, a, grad, dim, args.lr);
+    else
+      mom ? kernel<false, true>(row, v, mo, a, grad, dim, args.lr)
+          : kernel<false, false>(row, v, mo, a, grad, dim, args.lr);
+  }
+
+ private:
+  template <bool kCentered, bool kMomentum>
+  void kernel(float* __restrict w, float* __restrict v, float* __restrict mo,
+              float* __restrict a, const float* __restrict g, int64_t dim, float lr) const {
+    const float rho = rho_, omr = omr_, eps = eps_, momentum = momentum_;
+    for (int64_t i = 0; i < dim; ++i) {
+      const float gi = g[i];
+      const float vi = rho * v[i] + omr * (gi * gi);
+      v[i] = vi;
+      float den;
+      if (kCentered) {
+        const float ai = rho * a[i] + omr * gi;
+        a[i] = ai;
+        den = (vi - ai * ai) + eps;
+      } else {
+        den = vi + eps;
+      }
+      const float inc = (lr * gi) / std::sqrt(den);
+      if (kMomentum) {
+        const float m = momentum * mo[i] + inc;
+        mo[i] = m;
+        w[i] -= m;
+      } else {
+        w[i] -= inc;
+      }
+    }
+  }
+
+  float rho_, omr_, momentum_, eps_;
+  bool centered_;
+};
+
+class OptaxRmsprop final : public OptimizerBase {
+ public:
+  explicit OptaxRmsprop(const Config& cfg) {
+    HyperParams hp(cfg, "rmsprop", Flavor::kOptax);
+    const double decay = hp.real("decay", 0.9, kUnit);
+    eps_ = static_cast<float>(hp.real("eps", 1e-8, kNonNegative));
+    const float initial_scale = static_cast<float>(hp.real("initial_scale", 0.0, kNonNegative));
+    eps_in_sqrt_ = hp.flag("eps_in_sqrt", true);
+    centered_ = hp.flag("centered", false);
+    momentum_ = static_cast<float>(hp.real("momentum", 0.0, kUnit));
+    nesterov_ = hp.flag("nesterov", false);
+    bias_correction_ = hp.flag("bias_correction", false);
+    set_spec(hp.finish());
+    if (bias_correction_ && decay == 1.0) hp.fail("bias_correction=true needs decay < 1");
+    decay_ = static_cast<float>(decay);
+    omd_ = static_cast<float>(1.0 - decay);
+    if (centered_) add_slot("mu", 0.f);
+    add_slot("nu", initial_scale);
+    if (momentum_ != 0.f) add_slot("trace", 0.f);
+  }
+
+  StepArgs prepare(float lr, int64_t step) const override {
+    StepArgs a = start(lr, step);
+    a.c[0] = bias_correction_ ? 1.f - pow_step(decay_, step) : 1.f;
+    return a;
+  }
+
+  void apply(float* row, float* slots, const float* grad, int64_t dim,
+             const StepArgs& args) const override {
+    const float bc = static_cast<float>(args.c[0]);
+    float* mu = slots;
+    float* nu = slots + (centered_ ? dim : 0);
+    float* tr = nu + dim;
+    const int variant = (centered_ ? 1 : 0) | (eps_in_sqrt_ ? 2 : 0);
+    switch (variant) {
+      case 0: dispatch<false, false>(row, mu, nu, tr, grad, dim, -args.lr, bc); break;
+      case 1: dispatch<true, false>(row, mu, nu, tr, grad, dim, -args.lr, bc); break;
+      case 2: dispatch<false, true>(row, mu, nu, tr, grad, dim, -args.lr, bc); break;
+      default: dispatch<true, true>(row, mu, nu, tr, grad, dim, -args.lr, bc); break;
+    }
+  }
+
+ private:
+  template <bool kCentered, bool kEpsInSqrt>
+  void dispatch(float* w, float* mu, float* nu, float* tr, const float* g, int64_t dim, float nlr,
+                float bc) const {
+    if (momentum_ == 0.f)
+      kernel<kCentered, kEpsInSqrt, 0>(w, mu, nu, tr, g, dim, nlr, bc);
+    else if (nesterov_)
+      kernel<kCentered, kEpsInSqrt, 2>(w, mu, nu, tr, g, dim, nlr, bc);
+    else
+      kernel<kCentered, kEpsInSqrt, 1>(w, mu, nu, tr, g, dim, nlr, bc);
+  }
+
+  // kTrace: 0 no momentum, 1 momentum, 2 Nesterov momentum.
+  template <bool kCentered, bool kEpsInSqrt, int kTrace>
+  void kernel(float* __restrict w, float* __restrict mu, float* __restrict nu,
+              float* __restrict tr, const float* __restrict g, int64_t dim, float nlr,
+              float bc) const {
+    const float decay = decay_, omd = omd_, eps = eps_, momentum = momentum_;
+    for (int64_t i = 0; i < dim; ++i) {
+      const float gi = g[i];
+      const float ni = omd * (gi * gi) + decay * nu[i];
+      nu[i] = ni;
+      float var = ni / bc;
+      if (kCentered) {
+        const float mi = omd * gi + decay * mu[i];
+        mu[i] = mi;
+        const float mh = mi / bc;
+        var = var - mh * mh;
+      }
+      const float s = kEpsInSqrt ? 1.f / std::sqrt(var + eps) : 1.f / (std::sqrt(var) + eps);
+      float u = (s * gi) * nlr;
+      if (kTrace != 0) {
+        const float t = u + momentum * tr[i];
+        tr[i] = t;
+        u = kTrace == 2 ? u + momentum * t : t;
+      }
+      w[i] += u;
+    }
+  }
+
+  float decay_, omd_, eps_, momentum_;
+  bool eps_in_sqrt_, centered_, nesterov_, bias_correction_;
+};
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_rmsprop(const Config& cfg, const std::string& name,
+                                        Flavor flavor) {
+  (void)name;
+  if (flavor == Flavor::kKeras) return std::make_unique<KerasRmsprop>(cfg);
+  return std::make_unique<OptaxRmsprop>(cfg);
+}
+
+}  // namespace optimizers
+}  // namespace dualemb

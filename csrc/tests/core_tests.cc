@@ -1,0 +1,168 @@
+// C++ unit tests of libdualemb_core through its C ABI only (what every front end uses). Built
+// with -DDUALEMB_BUILD_TESTS=ON, and with -DDUALEMB_SANITIZE=ON under ASan + UBSan
+// (tests/test_sanitizers.py runs it that way).
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dualemb_core.h"
+
+static int g_failures = 0;
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++g_failures;                                                        \
+    }                                                                      \
+  } while (0)
+#define OK(call) CHECK((call) == 0)
+
+static int64_t make(const char* config) {
+  int64_t id = 0;
+  OK(de_table_create(0, config, &id));
+  return id;
+}
+
+static void test_basic_ops() {
+  int64_t id = make("dim=4;initializer=constant;value=0.5");
+  std::vector<int64_t> keys = {1, 2, 3, 1000000007};
+  std::vector<float> vals(16), out(16);
+  for (int i = 0; i < 16; ++i) vals[i] = static_cast<float>(i);
+  std::vector<uint8_t> exists(4);
+  OK(de_find(id, DE_KEY_INT64, keys.data(), 4, out.data(), exists.data()));
+  CHECK(out[0] == 0.5f && exists[0] == 0);
+  OK(de_insert_or_assign(id, DE_KEY_INT64, keys.data(), 4, vals.data(), nullptr));
+  OK(de_find(id, DE_KEY_INT64, keys.data(), 4, out.data(), exists.data()));
+  CHECK(std::memcmp(out.data(), vals.data(), sizeof(float) * 16) == 0 && exists[3] == 1);
+  int64_t n = 0;
+  OK(de_size(id, &n));
+  CHECK(n == 4);
+  OK(de_erase(id, DE_KEY_INT64, keys.data(), 2));
+  OK(de_size(id, &n));
+  CHECK(n == 2);
+  std::vector<int64_t> ek(8);
+  std::vector<float> ev(32);
+  OK(de_export(id, 0, 8, DE_KEY_INT64, ek.data(), ev.data(), nullptr, nullptr, nullptr, &n));
+  CHECK(n == 2);
+  // Bad input: wrong key dtype, unknown table, unknown optimizer.
+  CHECK(de_find(id, DE_KEY_INT32, keys.data(), 4, out.data(), nullptr) == -1);
+  CHECK(std::strstr(de_last_error(), "dtype") != nullptr);
+  CHECK(de_find(12345, DE_KEY_INT64, keys.data(), 4, out.data(), nullptr) == -1);
+  CHECK(std::strstr(de_last_error(), "unknown table id") != nullptr);
+  CHECK(de_set_optimizer(id, "name=nope") == -1);
+  CHECK(de_table_create(0, "dim=0", &n) == -1);
+  OK(de_table_destroy(id));
+}
+
+static void test_optimizer_step_and_restrict() {
+  int64_t id = make("dim=2");
+  OK(de_set_optimizer(id, "name=sgd;flavor=keras"));
+  std::vector<int64_t> keys = {7, 7, 8};
+  std::vector<float> grads = {1, 1, 2, 2, 4, 4};
+  OK(de_apply_gradients(id, DE_KEY_INT64, keys.data(), 3, grads.data(), 0.5f, 1, nullptr));
+  std::vector<float> out(4);
+  OK(de_find(id, DE_KEY_INT64, keys.data() + 1, 2, out.data(), nullptr));
+  CHECK(std::fabs(out[0] + 1.5f) < 1e-6 && std::fabs(out[2] + 2.0f) < 1e-6);  // summed dup grads
+  int64_t removed = 0;
+  OK(de_restrict(id, 1, DE_RESTRICT_FREQUENCY, DE_KEY_INT64, nullptr, nullptr, 0, &removed));
+  CHECK(removed == 1);
+  OK(de_table_destroy(id));
+}
+
+// Writers own disjoint key ranges (so the final content is known) while other threads read,
+// export and churn a shared range.
+static void test_concurrency() {
+  int64_t id = make("dim=8;initializer=normal;seed=3;stddev=0.1");
+  OK(de_set_optimizer(id, "name=adam;flavor=keras"));
+  const int kWriters = 3;
+  const int kRange = 4000;
+  std::vector<std::map<int64_t, float>> model(kWriters);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kWriters; ++w) {
+    threads.emplace_back([&, w] {
+      std::mt19937_64 rng(w);
+      for (int it = 0; it < 60; ++it) {
+        std::vector<int64_t> keys(3000);
+        std::vector<float> vals(3000 * 8);
+        for (size_t i = 0; i < keys.size(); ++i) {
+          keys[i] = 1000000 * (w + 1) + static_cast<int64_t>(rng() % kRange);
+          float v = static_cast<float>(it * 10000 + i);
+          for (int j = 0; j < 8; ++j) vals[i * 8 + j] = v;
+          model[w][keys[i]] = v;
+        }
+        OK(de_insert_or_assign(id, DE_KEY_INT64, keys.data(), keys.size(), vals.data(), nullptr));
+        std::vector<int64_t> gone(500);
+        for (auto& k : gone) {
+          k = 1000000 * (w + 1) + static_cast<int64_t>(rng() % kRange);
+          model[w].erase(k);
+        }
+        OK(de_erase(id, DE_KEY_INT64, gone.data(), gone.size()));
+      }
+    });
+  }
+  threads.emplace_back([&] {  // shared range: gradients, accum, restrict of shared keys only
+    std::mt19937_64 rng(99);
+    while (!stop) {
+      std::vector<int64_t> keys(4096);
+      for (auto& k : keys) k = static_cast<int64_t>(rng() % 5000);
+      std::vector<float> g(keys.size() * 8, 0.01f);
+      std::vector<uint8_t> ex(keys.size(), 0);
+      OK(de_apply_gradients(id, DE_KEY_INT64, keys.data(), keys.size(), g.data(), 0.1f, 1, nullptr));
+      OK(de_accum(id, DE_KEY_INT64, keys.data(), keys.size(), g.data(), ex.data(), nullptr));
+    }
+  });
+  threads.emplace_back([&] {  // readers and exporters
+    std::vector<int64_t> keys(4096), ek(1000);
+    std::vector<float> out(4096 * 8), ev(1000 * 8), es(1000 * 16);
+    std::mt19937_64 rng(5);
+    while (!stop) {
+      for (auto& k : keys) k = static_cast<int64_t>(rng() % 4000000);
+      OK(de_find(id, DE_KEY_INT64, keys.data(), keys.size(), out.data(), nullptr));
+      int64_t n;
+      OK(de_export(id, 0, 1000, DE_KEY_INT64, ek.data(), ev.data(), es.data(), nullptr, nullptr, &n));
+    }
+  });
+  for (int w = 0; w < kWriters; ++w) threads[w].join();
+  stop = true;
+  for (size_t t = kWriters; t < threads.size(); ++t) threads[t].join();
+  // Drop the shared range; the writers' ranges must equal the model exactly.
+  std::vector<int64_t> shared(5000);
+  for (int i = 0; i < 5000; ++i) shared[i] = i;
+  OK(de_erase(id, DE_KEY_INT64, shared.data(), shared.size()));
+  int64_t size = 0;
+  OK(de_size(id, &size));
+  size_t expected = 0;
+  for (auto& m : model) expected += m.size();
+  CHECK(static_cast<size_t>(size) == expected);
+  std::vector<int64_t> ek(size);
+  std::vector<float> ev(size * 8);
+  int64_t n = 0;
+  OK(de_export(id, 0, size, DE_KEY_INT64, ek.data(), ev.data(), nullptr, nullptr, nullptr, &n));
+  CHECK(n == size);
+  for (int64_t i = 0; i < n; ++i) {
+    int w = static_cast<int>(ek[i] / 1000000) - 1;
+    CHECK(w >= 0 && w < kWriters && model[w].count(ek[i]) == 1);
+    if (w >= 0 && w < kWriters && model[w].count(ek[i])) CHECK(ev[i * 8] == model[w][ek[i]]);
+  }
+  OK(de_table_destroy(id));
+}
+
+int main() {
+  test_basic_ops();
+  test_optimizer_step_and_restrict();
+  test_concurrency();
+  if (g_failures) {
+    std::fprintf(stderr, "%d check(s) failed\n", g_failures);
+    return 1;
+  }
+  std::printf("all core tests passed\n");
+  return 0;
+}

@@ -1,0 +1,162 @@
+"""Crash-safe publication of a checkpoint directory, and finding the complete one at a path.
+
+A save writes everything into a temporary sibling ``.<name>.tmp-<host>-<pid>-<random>``, fsyncs
+every file and the directory (``manifest.json`` last), then publishes it:
+
+* ``path`` absent: ``rename(tmp, path)``.
+* ``path`` present: ``renameat2(tmp, path, RENAME_EXCHANGE)`` swaps the two atomically, so
+  ``path`` always names a complete checkpoint; the old one (now at the temporary name) loses its
+  manifest first and is then deleted.
+* Where the exchange is unsupported (not Linux, or a filesystem without it): ``rename(path,
+  .<name>.old)``, ``rename(tmp, path)``, delete ``.<name>.old``. A crash between the two renames
+  leaves only ``.<name>.old``; ``resolve`` (used by every reader) falls back to it, and the next
+  save to ``path`` deletes it once a new checkpoint is in place.
+
+The parent directory is fsynced after each rename. Temporary directories left by a crashed save
+(same host, process gone) are removed by the next save into the same parent.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import secrets
+import shutil
+import socket
+import warnings
+
+from dualemb.core.checkpoint._manifest import MANIFEST, CheckpointError
+from dualemb.core.checkpoint._safetensors import fsync_dir
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+
+
+def _host() -> str:
+    return "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:32] or "host"
+
+
+def tmp_prefix(path: str) -> str:
+    parent, base = os.path.split(path)
+    return os.path.join(parent, f".{base}.tmp-")
+
+
+def aside_path(path: str) -> str:
+    parent, base = os.path.split(path)
+    return os.path.join(parent, f".{base}.old")
+
+
+def normalize(path) -> str:
+    p = os.path.abspath(os.fspath(path))
+    if os.path.basename(p) in ("", ".", ".."):
+        raise ValueError(f"invalid checkpoint path {path!r}")
+    return p
+
+
+def is_complete(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, MANIFEST))
+
+
+def resolve(path: str) -> str:
+    """The directory holding the complete checkpoint saved at `path`: `path` itself, or its
+    aside copy if a save was interrupted between its two renames. FileNotFoundError if none."""
+    if os.path.isdir(path):
+        if not is_complete(path):
+            raise CheckpointError(f"{path}: no {MANIFEST}; not a complete dualemb checkpoint")
+        return path
+    if os.path.exists(path):
+        raise CheckpointError(f"{path} is not a directory; a dualemb checkpoint is a directory")
+    aside = aside_path(path)
+    if os.path.isdir(aside) and is_complete(aside):
+        warnings.warn(f"{path} is missing; reading {aside}, the checkpoint an interrupted save "
+                      "had moved aside", RuntimeWarning, stacklevel=3)
+        return aside
+    raise FileNotFoundError(errno.ENOENT, "no dualemb checkpoint at this path", path)
+
+
+def make_tmp(path: str) -> str:
+    tmp = f"{tmp_prefix(path)}{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+    os.mkdir(tmp, 0o755)
+    return tmp
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale(path: str) -> None:
+    """Removes temporary directories of crashed saves to `path` (this host, dead process), and the
+    aside copy when `path` holds a complete checkpoint."""
+    parent, base = os.path.split(path)
+    prefix = f".{base}.tmp-{_host()}-"
+    try:
+        names = os.listdir(parent)
+    except FileNotFoundError:
+        return
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        pid = name[len(prefix):].split("-")[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+            remove_tree(os.path.join(parent, name))
+    if is_complete(path) and os.path.isdir(aside_path(path)):
+        remove_tree(aside_path(path))
+
+
+def remove_tree(path: str) -> None:
+    """Deletes a checkpoint directory, its manifest first (so it never looks complete)."""
+    try:
+        os.unlink(os.path.join(path, MANIFEST))
+    except FileNotFoundError:
+        pass
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _rename_exchange(a: str, b: str) -> bool:
+    """Atomically swaps two paths; False if this OS or filesystem cannot."""
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
+def publish(tmp: str, path: str) -> None:
+    """Moves the complete (fsynced) checkpoint directory `tmp` to `path`, crash-safely."""
+    parent = os.path.dirname(path)
+    if not os.path.lexists(path):
+        os.rename(tmp, path)
+        fsync_dir(parent)
+    elif exchange(tmp, path):
+        fsync_dir(parent)
+        remove_tree(tmp)  # now the previous checkpoint
+    else:
+        aside = aside_path(path)
+        if os.path.lexists(aside):
+            remove_tree(aside)  # stale: `path` is complete (checked by the caller)
+        os.rename(path, aside)
+        fsync_dir(parent)
+        os.rename(tmp, path)
+        fsync_dir(parent)
+        remove_tree(aside)
+    aside = aside_path(path)
+    if os.path.isdir(aside):  # left by an earlier interrupted save; `path` is complete now
+        remove_tree(aside)
+
+
+# Indirection so tests can force the portable rename-aside scheme.
+exchange = _rename_exchange

@@ -1,0 +1,131 @@
+"""Format constants, the error type, and validation of a parsed ``manifest.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+FORMAT = "dualemb-checkpoint"
+VERSION = 1
+MANIFEST = "manifest.json"
+DENSE_FILE = "dense.safetensors"
+
+KEY_DTYPES = {"int64": "I64", "int32": "I32"}
+VALUE_DTYPES = {"float32": "F32"}
+META_TENSORS = ("last_update", "update_count")
+SLOT_PREFIX = "slot."
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that is missing parts, corrupt, of an unknown format, or that does not match
+    the tables it is loaded into. Raised before any live table is modified."""
+
+
+def shard_file_name(table_index: int, shard_index: int) -> str:
+    return f"table-{table_index:04d}-shard-{shard_index:05d}.safetensors"
+
+
+def dumps(manifest: dict) -> bytes:
+    """Strict JSON (no NaN/Infinity), UTF-8, newline terminated."""
+    try:
+        text = json.dumps(manifest, indent=1, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"checkpoint manifest is not JSON-serialisable: {e}") from e
+    return (text + "\n").encode("utf-8")
+
+
+def _need(cond: bool, where: str, what: str) -> None:
+    if not cond:
+        raise CheckpointError(f"malformed manifest ({where}): {what}")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_tensors(where: str, tensors: Any) -> None:
+    _need(isinstance(tensors, dict), where, "'tensors' must be an object")
+    for tname, t in tensors.items():
+        w = f"{where}, tensor {tname!r}"
+        _need(isinstance(t, dict), w, "must be an object")
+        _need(isinstance(t.get("dtype"), str), w, "'dtype' must be a string")
+        _need(isinstance(t.get("shape"), list) and all(_is_int(d) and d >= 0 for d in t["shape"]),
+              w, "'shape' must be a list of non-negative integers")
+        off = t.get("data_offsets")
+        _need(isinstance(off, list) and len(off) == 2 and all(_is_int(o) for o in off)
+              and 0 <= off[0] <= off[1], w, "'data_offsets' must be [begin, end]")
+        _need(_is_int(t.get("crc32")) and 0 <= t["crc32"] < 1 << 32, w,
+              "'crc32' must be an unsigned 32-bit integer")
+
+
+def _check_file(where: str, f: Any) -> None:
+    _need(isinstance(f, dict), where, "file entry must be an object")
+    name = f.get("file")
+    _need(isinstance(name, str) and name and os.path.basename(name) == name
+          and name not in (".", "..") and not name.startswith("."),
+          where, f"'file' must be a plain file name, got {name!r}")
+    _need(_is_int(f.get("bytes")) and f["bytes"] >= 8, where, "'bytes' must be an integer >= 8")
+    _need(_is_int(f.get("header_bytes")) and 8 <= f["header_bytes"] <= f["bytes"], where,
+          "'header_bytes' must be an integer in [8, bytes]")
+    _need(_is_int(f.get("header_crc32")), where, "'header_crc32' must be an integer")
+    _check_tensors(where + f" file {name!r}", f.get("tensors"))
+
+
+def validate(manifest: Any, where: str) -> dict:
+    """Checks the structure of a parsed manifest; returns it. `where` names it in errors."""
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{where}: manifest is not a JSON object")
+    fmt = manifest.get("format")
+    if fmt != FORMAT:
+        raise CheckpointError(f"{where}: not a dualemb checkpoint (format {fmt!r}, "
+                              f"expected {FORMAT!r})")
+    version = manifest.get("version")
+    if not _is_int(version):
+        raise CheckpointError(f"{where}: format version must be an integer, got {version!r}")
+    if version > VERSION:
+        raise CheckpointError(
+            f"{where}: checkpoint format version {version} is newer than this dualemb "
+            f"understands (up to version {VERSION}); upgrade dualemb to read it")
+    if version < 1:
+        raise CheckpointError(f"{where}: invalid checkpoint format version {version}")
+    _need(isinstance(manifest.get("metadata", {}), dict), where, "'metadata' must be an object")
+    dense = manifest.get("dense")
+    if dense is not None:
+        _check_file(where + ", dense", dense)
+    tables = manifest.get("tables")
+    _need(isinstance(tables, list), where, "'tables' must be a list")
+    seen = set()
+    for i, t in enumerate(tables):
+        w = f"{where}, tables[{i}]"
+        _need(isinstance(t, dict), w, "must be an object")
+        name = t.get("name")
+        _need(isinstance(name, str) and name != "", w, "'name' must be a non-empty string")
+        _need(name not in seen, w, f"duplicate table name {name!r}")
+        seen.add(name)
+        w = f"{where}, table {name!r}"
+        _need(t.get("key_dtype") in KEY_DTYPES, w,
+              f"unsupported key_dtype {t.get('key_dtype')!r} (int64, int32)")
+        _need(t.get("value_dtype") in VALUE_DTYPES, w,
+              f"unsupported value_dtype {t.get('value_dtype')!r} (float32)")
+        _need(_is_int(t.get("dim")) and t["dim"] >= 1, w, "'dim' must be a positive integer")
+        _need(isinstance(t.get("initializer"), dict) and "initializer" in t["initializer"], w,
+              "'initializer' must be an initializer spec object")
+        _need(t.get("optimizer") is None or (isinstance(t["optimizer"], dict)
+                                             and "name" in t["optimizer"]), w,
+              "'optimizer' must be null or an optimizer spec object")
+        _need(t.get("step") is None or _is_int(t["step"]), w, "'step' must be null or an integer")
+        slots = t.get("slot_names")
+        _need(isinstance(slots, list) and all(isinstance(s, str) and s for s in slots), w,
+              "'slot_names' must be a list of names")
+        _need(_is_int(t.get("rows")) and t["rows"] >= 0, w, "'rows' must be an integer >= 0")
+        shards = t.get("shards")
+        _need(isinstance(shards, list), w, "'shards' must be a list")
+        total = 0
+        for j, s in enumerate(shards):
+            _check_file(w + f", shards[{j}]", s)
+            _need(_is_int(s.get("rows")) and s["rows"] >= 0, w + f", shards[{j}]",
+                  "'rows' must be an integer >= 0")
+            total += s["rows"]
+        _need(total == t["rows"], w, f"shard rows sum to {total}, table 'rows' is {t['rows']}")
+    return manifest

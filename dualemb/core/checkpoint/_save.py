@@ -1,0 +1,216 @@
+"""checkpoint.save: streams tables page by page into safetensors shard files."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from dualemb.core.checkpoint import _fs
+from dualemb.core.checkpoint._manifest import (DENSE_FILE, FORMAT, MANIFEST, META_TENSORS,
+                                               SLOT_PREFIX, VERSION, CheckpointError, dumps,
+                                               shard_file_name)
+from dualemb.core.checkpoint._safetensors import Writer, dtype_code, fsync_dir, pwrite_all
+
+# A page never exceeds this many bytes (whatever page_rows says), which bounds the memory a save
+# uses to about two pages plus one slot column.
+PAGE_BYTES = 8 << 20
+_INIT_KEYS = ("initializer", "seed", "mean", "stddev", "minval", "maxval", "value", "values")
+
+
+def _shards_of(name, value) -> list:
+    if hasattr(value, "export") and hasattr(value, "describe"):
+        return [value]
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        raise TypeError(f"table {name!r}: expected a Table or a sequence of Table shards, "
+                        f"got {type(value).__name__}")
+    shards = list(value)
+    if not shards:
+        raise ValueError(f"table {name!r}: empty sequence of shards")
+    for s in shards:
+        if not (hasattr(s, "export") and hasattr(s, "describe")):
+            raise TypeError(f"table {name!r}: shard {s!r} is not a Table")
+    return shards
+
+
+def _int_or_none(name, v):
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise TypeError(f"step of table {name!r} must be an int or None, got {v!r}")
+    return int(v)
+
+
+def _describe(name: str, shards: list) -> dict:
+    """The manifest fields that every shard of one logical table must agree on."""
+    first = None
+    for j, t in enumerate(shards):
+        config, opt = t.describe()
+        entry = {
+            "key_dtype": str(config.get("key_dtype", "int64")),
+            "value_dtype": str(config.get("value_dtype", "float32")),
+            "dim": int(config["dim"]),
+            "initializer": {k: config[k] for k in _INIT_KEYS if k in config},
+            "optimizer": opt,
+            "slot_names": list(t.slot_names),
+            "capacity": int(config.get("capacity", 0)),
+            "evict_policy": str(config.get("evict_policy", "recency")),
+        }
+        if first is None:
+            first = entry
+            continue
+        for field in ("key_dtype", "value_dtype", "dim", "initializer", "optimizer",
+                      "slot_names"):
+            if entry[field] != first[field]:
+                raise ValueError(f"table {name!r}: shard {j} has {field} {entry[field]!r}, "
+                                 f"shard 0 has {first[field]!r}; shards of one table must agree")
+    return first
+
+
+def _export_page(table, offset: int, limit: int) -> dict:
+    """One page of `table` (indirection kept so tests can slow a save down)."""
+    return table.export(offset, limit)
+
+
+def _write_shard(table, path: str, name: str, shard: int, info: dict, page_rows: int,
+                 pool: ThreadPoolExecutor) -> dict:
+    dim = info["dim"]
+    slot_names = info["slot_names"]
+    ns = len(slot_names)
+    key_dtype = np.dtype(info["key_dtype"])
+    clock0 = table.clock
+    n = int(table.size())
+    tensors = [("last_update", np.int64, (n,)), ("update_count", np.int64, (n,)),
+               ("keys", key_dtype, (n,)), ("values", np.float32, (n, dim))]
+    tensors += [(SLOT_PREFIX + s, np.float32, (n, dim)) for s in slot_names]
+    writer = Writer(path, tensors, {"format": FORMAT, "table": name, "shard": str(shard)})
+    try:
+        row_bytes = 4 * dim * (1 + ns) + 16 + key_dtype.itemsize
+        rows_per_page = max(1, min(int(page_rows), PAGE_BYTES // row_bytes))
+
+        def write(page):
+            writer.write("last_update", page["last_update"])
+            writer.write("update_count", page["update_count"])
+            writer.write("keys", page["keys"])
+            writer.write("values", page["values"])
+            for j, s in enumerate(slot_names):
+                writer.write(SLOT_PREFIX + s, np.ascontiguousarray(page["slots"][:, j, :]))
+
+        pending = None
+        done = 0
+        try:
+            while done < n:
+                page = _export_page(table, done, min(rows_per_page, n - done))
+                m = len(page["keys"])
+                if m == 0:
+                    break
+                if pending is not None:
+                    pending.result()
+                pending = pool.submit(write, page)
+                done += m
+        finally:
+            if pending is not None:
+                pending.result()
+        if done != n or table.clock != clock0 or list(table.slot_names) != slot_names:
+            raise CheckpointError(
+                f"table {name!r} shard {shard} was modified while it was being saved "
+                f"({done} of {n} rows exported); save again while no thread writes to it")
+        entry = writer.finish()
+    finally:
+        writer.close()
+    entry["rows"] = n
+    entry["clock"] = int(clock0)
+    return entry
+
+
+def _write_dense(path: str, dense: Mapping) -> dict:
+    arrays = {}
+    for k, v in dense.items():
+        if not isinstance(k, str) or not k or k == "__metadata__":
+            raise ValueError(f"invalid dense parameter name {k!r}")
+        a = np.asarray(v)
+        dtype_code(a.dtype)  # raises TypeError for unsupported dtypes
+        arrays[k] = a
+    writer = Writer(path, [(k, a.dtype, a.shape) for k, a in arrays.items()],
+                    {"format": FORMAT, "content": "dense"})
+    try:
+        for k, a in arrays.items():
+            flat = a.reshape(-1)
+            step = max(1, PAGE_BYTES // max(1, a.dtype.itemsize))
+            for i in range(0, flat.size, step):
+                writer.write(k, np.ascontiguousarray(flat[i:i + step]))
+        return writer.finish()
+    finally:
+        writer.close()
+
+
+def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 16) -> None:
+    """Saves `tables` (name -> Table or list of its live shards), their optimizer `steps`, the
+    `dense` parameters and JSON `metadata` as a checkpoint directory at `path`, atomically
+    replacing any checkpoint already there. See docs/checkpoint_format.md."""
+    path = _fs.normalize(path)
+    if not isinstance(tables, Mapping):
+        raise TypeError(f"tables must be a mapping of name -> Table, got {type(tables).__name__}")
+    if isinstance(page_rows, bool) or not isinstance(page_rows, (int, np.integer)) or page_rows < 1:
+        raise ValueError(f"page_rows must be a positive integer, got {page_rows!r}")
+    plan = []
+    for name, value in tables.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"table names must be non-empty strings, got {name!r}")
+        plan.append((name, _shards_of(name, value)))
+    if steps is None or isinstance(steps, (int, np.integer)):
+        step_of = {name: _int_or_none(name, steps) for name, _ in plan}
+    elif isinstance(steps, Mapping):
+        unknown = set(steps) - set(tables)
+        if unknown:
+            raise ValueError(f"steps given for unknown tables {sorted(unknown)}")
+        step_of = {name: _int_or_none(name, steps.get(name)) for name, _ in plan}
+    else:
+        raise TypeError(f"steps must be None, an int or a mapping name -> int, got {steps!r}")
+    if dense is not None and not isinstance(dense, Mapping):
+        raise TypeError(f"dense must be a mapping name -> array, got {type(dense).__name__}")
+    metadata = {} if metadata is None else metadata
+    if not isinstance(metadata, Mapping):
+        raise TypeError(f"metadata must be a JSON object (dict), got {type(metadata).__name__}")
+    metadata = dict(metadata)
+    dumps({"metadata": metadata})  # fail now, not after writing gigabytes
+    infos = [(name, shards, _describe(name, shards)) for name, shards in plan]
+
+    if os.path.lexists(path) and not (os.path.isdir(path) and
+                                      (_fs.is_complete(path) or not os.listdir(path))):
+        raise CheckpointError(f"{path} exists and is not a dualemb checkpoint; refusing to "
+                              "overwrite it")
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    _fs.clean_stale(path)
+    tmp = _fs.make_tmp(path)
+    try:
+        manifest_tables = []
+        with ThreadPoolExecutor(1, thread_name_prefix="dualemb-ckpt") as pool:
+            for i, (name, shards, info) in enumerate(infos):
+                files = [_write_shard(t, os.path.join(tmp, shard_file_name(i, j)), name, j, info,
+                                      page_rows, pool)
+                         for j, t in enumerate(shards)]
+                manifest_tables.append({
+                    "name": name, **info, "step": step_of[name],
+                    "rows": sum(f["rows"] for f in files), "shards": files})
+        dense_entry = _write_dense(os.path.join(tmp, DENSE_FILE), dense) if dense else None
+        manifest = {"format": FORMAT, "version": VERSION, "created_unix": time.time(),
+                    "metadata": metadata, "dense": dense_entry, "tables": manifest_tables}
+        mpath = os.path.join(tmp, MANIFEST)
+        fd = os.open(mpath, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            pwrite_all(fd, dumps(manifest), 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(tmp)
+        if os.path.lexists(path) and not _fs.is_complete(path):
+            os.rmdir(path)  # the empty directory checked above
+        _fs.publish(tmp, path)
+    except BaseException:
+        _fs.remove_tree(tmp)
+        raise

@@ -1,0 +1,396 @@
+"""Parity of the core's fused sparse optimizers with Keras 3 and Optax.
+
+Every case trains a dualemb table preloaded with known rows and, side by side, a dense reference
+made of the same rows: for flavor=keras a ``keras.Variable`` updated by the real
+``keras.optimizers.X`` (TF backend) through ``apply_gradients``; for flavor=optax a jnp array
+updated by the real ``optax.X`` transformation. Each of the 10 steps feeds every trained row, with
+duplicate ids, so the table's per-key summed gradient equals the reference's dense gradient
+(``np.add.at`` of the per-id gradients). One more preloaded row never appears in a batch and must
+stay bit-for-bit untouched, slots included.
+
+Tolerance: rows and slots within rtol=1e-5, atol=1e-6 (slots atol=1e-7) after every step. The
+frameworks' float32 pow / rsqrt are within 1-2 ulp of the correctly rounded values the core uses,
+which is the only expected source of difference (the arithmetic order is the frameworks').
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zlib
+
+os.environ.setdefault("KERAS_BACKEND", "tensorflow")
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import numpy as np
+import pytest
+
+from dualemb.core import Table
+
+DIM = 7  # not a multiple of the SIMD width: exercises the loops' tails
+TRAINED = np.array([11, 22, 33, 44, 55], np.int64)
+UNTOUCHED = np.int64(99)
+STEPS = 10
+RTOL, ATOL, SLOT_ATOL = 1e-5, 1e-6, 1e-7
+
+CONST = [0.05] * STEPS
+# A non-trivial schedule: warm-up, then oscillating decay.
+SCHED = [0.02 + 0.1 * (t + 1) / 3 if t < 3 else 0.12 * (0.85 ** t) * (1.2 + 0.5 * math.sin(t))
+         for t in range(STEPS)]
+BIG = [1.0] * STEPS  # Adadelta's effective step is lr * O(sqrt(eps)/...)
+
+
+def _keras():
+    pytest.importorskip("tensorflow")
+    return pytest.importorskip("keras")
+
+
+def _optax():
+    pytest.importorskip("jax")
+    return pytest.importorskip("optax")
+
+
+# (test id, spec dict, reference factory taking the first learning rate, learning rates)
+def K(name, **hyper):
+    return {"name": name, "flavor": "keras", **hyper}
+
+
+def O(name, **hyper):
+    return {"name": name, "flavor": "optax", **hyper}
+
+
+def _k(cls, **kw):
+    return lambda lr: getattr(_keras().optimizers, cls)(learning_rate=lr, **kw)
+
+
+KERAS_CASES = [
+    ("sgd", K("sgd"), _k("SGD"), CONST),
+    ("sgd-momentum", K("sgd", momentum=0.9), _k("SGD", momentum=0.9), CONST),
+    ("sgd-nesterov-sched", K("sgd", momentum=0.8, nesterov=True),
+     _k("SGD", momentum=0.8, nesterov=True), SCHED),
+    ("adagrad", K("adagrad"), _k("Adagrad"), CONST),
+    ("adagrad-hyper-sched", K("adagrad", initial_accumulator_value=0.5, epsilon=1e-5),
+     _k("Adagrad", initial_accumulator_value=0.5, epsilon=1e-5), SCHED),
+    ("adam", K("adam"), _k("Adam"), CONST),
+    ("adam-hyper", K("adam", beta_1=0.8, beta_2=0.99, epsilon=1e-6),
+     _k("Adam", beta_1=0.8, beta_2=0.99, epsilon=1e-6), CONST),
+    ("adam-amsgrad-sched", K("adam", amsgrad=True), _k("Adam", amsgrad=True), SCHED),
+    ("adamw", K("adamw"), _k("AdamW"), CONST),
+    ("adamw-amsgrad-sched", K("adamw", weight_decay=0.1, amsgrad=True),
+     _k("AdamW", weight_decay=0.1, amsgrad=True), SCHED),
+    ("adamax", K("adamax"), _k("Adamax"), CONST),
+    ("adamax-sched", K("adamax", beta_1=0.7, epsilon=1e-5), _k("Adamax", beta_1=0.7, epsilon=1e-5),
+     SCHED),
+    ("nadam", K("nadam"), _k("Nadam"), CONST),
+    ("nadam-sched", K("nadam", beta_1=0.85, beta_2=0.98), _k("Nadam", beta_1=0.85, beta_2=0.98),
+     SCHED),
+    ("rmsprop", K("rmsprop"), _k("RMSprop"), CONST),
+    ("rmsprop-momentum", K("rmsprop", momentum=0.5), _k("RMSprop", momentum=0.5), CONST),
+    ("rmsprop-centered", K("rmsprop", centered=True, rho=0.8), _k("RMSprop", centered=True, rho=0.8),
+     CONST),
+    ("rmsprop-centered-momentum-sched", K("rmsprop", centered=True, momentum=0.9),
+     _k("RMSprop", centered=True, momentum=0.9), SCHED),
+    ("ftrl", K("ftrl"), _k("Ftrl"), CONST),
+    ("ftrl-regularized-sched",
+     K("ftrl", l1_regularization_strength=0.01, l2_regularization_strength=0.02,
+       l2_shrinkage_regularization_strength=0.03, beta=0.5, initial_accumulator_value=0.2),
+     _k("Ftrl", l1_regularization_strength=0.01, l2_regularization_strength=0.02,
+        l2_shrinkage_regularization_strength=0.03, beta=0.5, initial_accumulator_value=0.2), SCHED),
+    ("ftrl-power", K("ftrl", learning_rate_power=-0.3), _k("Ftrl", learning_rate_power=-0.3),
+     CONST),
+    ("ftrl-power0", K("ftrl", learning_rate_power=0.0, l2_regularization_strength=0.1),
+     _k("Ftrl", learning_rate_power=0.0, l2_regularization_strength=0.1), CONST),
+    ("adadelta", K("adadelta"), _k("Adadelta"), BIG),
+    ("adadelta-rho", K("adadelta", rho=0.7, epsilon=1e-4), _k("Adadelta", rho=0.7, epsilon=1e-4),
+     SCHED),
+    ("lion", K("lion"), _k("Lion"), CONST),
+    ("lion-sched", K("lion", beta_1=0.5, beta_2=0.9), _k("Lion", beta_1=0.5, beta_2=0.9), SCHED),
+]
+
+
+def _o(fn, **kw):
+    return lambda lr: getattr(_optax(), fn)(learning_rate=lr, **kw)
+
+
+OPTAX_CASES = [
+    ("sgd", O("sgd"), _o("sgd"), CONST),
+    ("sgd-momentum", O("sgd", momentum=0.9), _o("sgd", momentum=0.9), CONST),
+    ("sgd-nesterov-sched", O("sgd", momentum=0.8, nesterov=True),
+     _o("sgd", momentum=0.8, nesterov=True), SCHED),
+    ("adagrad", O("adagrad"), _o("adagrad"), CONST),
+    ("adagrad-hyper-sched", O("adagrad", initial_accumulator_value=0.0, eps=1e-5),
+     _o("adagrad", initial_accumulator_value=0.0, eps=1e-5), SCHED),
+    ("adam", O("adam"), _o("adam"), CONST),
+    ("adam-hyper", O("adam", b1=0.8, b2=0.99, eps=1e-6, eps_root=1e-8),
+     _o("adam", b1=0.8, b2=0.99, eps=1e-6, eps_root=1e-8), CONST),
+    ("adam-nesterov", O("adam", nesterov=True), _o("adam", nesterov=True), CONST),
+    ("amsgrad-sched", O("adam", amsgrad=True), _o("amsgrad"), SCHED),
+    ("amsgrad-nobias", O("adam", amsgrad=True, bias_correction_mu=False, bias_correction_nu=False),
+     _o("amsgrad", bias_correction_mu=False, bias_correction_nu=False), CONST),
+    ("adamw", O("adamw"), _o("adamw"), CONST),
+    ("adamw-nesterov-sched", O("adamw", weight_decay=0.05, nesterov=True),
+     _o("adamw", weight_decay=0.05, nesterov=True), SCHED),
+    ("adamax", O("adamax"), _o("adamax"), CONST),
+    ("adamax-sched", O("adamax", b1=0.7, eps=1e-5), _o("adamax", b1=0.7, eps=1e-5), SCHED),
+    ("nadam", O("nadam"), _o("nadam"), CONST),
+    ("nadam-sched", O("nadam", b1=0.85, b2=0.98), _o("nadam", b1=0.85, b2=0.98), SCHED),
+    ("rmsprop", O("rmsprop"), _o("rmsprop"), CONST),
+    ("rmsprop-momentum", O("rmsprop", momentum=0.5), _o("rmsprop", momentum=0.5), CONST),
+    ("rmsprop-centered", O("rmsprop", centered=True, decay=0.8),
+     _o("rmsprop", centered=True, decay=0.8), CONST),
+    ("rmsprop-centered-nesterov-sched", O("rmsprop", centered=True, momentum=0.9, nesterov=True),
+     _o("rmsprop", centered=True, momentum=0.9, nesterov=True), SCHED),
+    ("rmsprop-biascorr", O("rmsprop", bias_correction=True, eps_in_sqrt=False, initial_scale=0.1),
+     _o("rmsprop", bias_correction=True, eps_in_sqrt=False, initial_scale=0.1), CONST),
+    ("adadelta", O("adadelta"), _o("adadelta"), BIG),
+    ("adadelta-decay-sched", O("adadelta", rho=0.7, eps=1e-4, weight_decay=0.01),
+     _o("adadelta", rho=0.7, eps=1e-4, weight_decay=0.01), SCHED),
+    ("lion", O("lion"), _o("lion"), CONST),
+    ("lion-nodecay-sched", O("lion", b1=0.5, b2=0.9, weight_decay=0.0),
+     _o("lion", b1=0.5, b2=0.9, weight_decay=0.0), SCHED),
+]
+
+
+def _batches(seed):
+    """STEPS batches: every trained id, plus duplicates, shuffled; per-id gradients."""
+    rng = np.random.RandomState(seed)
+    out = []
+    for t in range(STEPS):
+        ids = np.concatenate([TRAINED, rng.choice(TRAINED, 7)])
+        rng.shuffle(ids)
+        grads = (rng.randn(len(ids), DIM) * rng.choice([0.05, 0.5, 2.0])).astype(np.float32)
+        grads[rng.rand(*grads.shape) < 0.05] = 0.0  # some exact zeros
+        out.append((ids, grads))
+    return out
+
+
+def _dense_grad(ids, grads):
+    dense = np.zeros((len(TRAINED), DIM), np.float32)
+    np.add.at(dense, np.searchsorted(TRAINED, ids), grads)
+    return dense
+
+
+def _preloaded_table(spec, seed):
+    rng = np.random.RandomState(1000 + seed)
+    init = rng.randn(len(TRAINED) + 1, DIM).astype(np.float32)
+    table = Table(dim=DIM, key_dtype="int64", initializer="zeros", optimizer=spec)
+    table.insert_or_assign(np.append(TRAINED, UNTOUCHED), init)
+    return table, init
+
+
+def _export_by_key(table, keys):
+    out = table.export()
+    order = {int(k): i for i, k in enumerate(out["keys"])}
+    idx = np.array([order[int(k)] for k in keys])
+    return out["values"][idx], out["slots"][idx]
+
+
+def _check_untouched(table, init, slots_before):
+    values, slots = _export_by_key(table, [UNTOUCHED])
+    assert np.array_equal(values[0].view(np.int32), init[-1].view(np.int32))
+    assert np.array_equal(slots[0].view(np.int32), slots_before.view(np.int32))
+
+
+def _optax_state_leaves(state, names):
+    """{field name: array} for the named fields of the (nested) optax state."""
+    found = {}
+
+    def walk(s):
+        if hasattr(s, "_fields"):
+            for f in s._fields:
+                v = getattr(s, f)
+                if f in names and f not in found and hasattr(v, "shape"):
+                    found[f] = np.asarray(v)
+                else:
+                    walk(v)
+        elif isinstance(s, (tuple, list)):
+            for v in s:
+                walk(v)
+
+    walk(state)
+    return found
+
+
+def _check_spec_roundtrip(table):
+    _, opt = table.describe()
+    again = Table(dim=DIM, optimizer=opt)
+    try:
+        assert again.describe()[1] == opt
+        assert again.slot_names == table.slot_names
+    finally:
+        again.destroy()
+
+
+@pytest.mark.parametrize("case", KERAS_CASES, ids=[c[0] for c in KERAS_CASES])
+def test_keras_parity(case):
+    keras = _keras()
+    name, spec, make_ref, lrs = case
+    seed = zlib.crc32(name.encode()) % 1000
+    table, init = _preloaded_table(spec, seed)
+    try:
+        _, slots0 = _export_by_key(table, [UNTOUCHED])
+        var = keras.Variable(init[:-1].copy(), dtype="float32", name="emb")
+        opt = make_ref(lrs[0])
+        for t, (ids, grads) in enumerate(_batches(seed)):
+            opt.learning_rate = lrs[t]
+            opt.apply_gradients([(_dense_grad(ids, grads), var)])
+            table.apply_gradients(ids, grads, lr=lrs[t], step=t + 1)
+
+            values, slots = _export_by_key(table, TRAINED)
+            np.testing.assert_allclose(values, np.asarray(var), rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{name}: rows after step {t + 1}")
+            ref_slots = {v.name[len("emb_"):]: np.asarray(v) for v in opt.variables
+                         if v.name.startswith("emb_")}
+            assert table.slot_names == list(ref_slots), (table.slot_names, list(ref_slots))
+            for s, slot in enumerate(table.slot_names):
+                np.testing.assert_allclose(slots[:, s], ref_slots[slot], rtol=RTOL,
+                                           atol=SLOT_ATOL,
+                                           err_msg=f"{name}: slot {slot} after step {t + 1}")
+        found, _ = table.find(TRAINED)
+        np.testing.assert_allclose(found, np.asarray(var), rtol=RTOL, atol=ATOL)
+        _check_untouched(table, init, slots0[0])
+        _check_spec_roundtrip(table)
+    finally:
+        table.destroy()
+
+
+@pytest.mark.parametrize("case", OPTAX_CASES, ids=[c[0] for c in OPTAX_CASES])
+def test_optax_parity(case):
+    optax = _optax()
+    import jax.numpy as jnp
+
+    name, spec, make_ref, lrs = case
+    seed = zlib.crc32(name.encode()) % 1000
+    table, init = _preloaded_table(spec, seed)
+    try:
+        _, slots0 = _export_by_key(table, [UNTOUCHED])
+        if lrs is CONST:
+            tx = make_ref(lrs[0])
+        else:
+            sched = jnp.asarray(lrs, jnp.float32)
+            tx = make_ref(lambda count: sched[count])
+        params = jnp.asarray(init[:-1])
+        state = tx.init(params)
+        for t, (ids, grads) in enumerate(_batches(seed)):
+            updates, state = tx.update(jnp.asarray(_dense_grad(ids, grads)), state, params)
+            params = optax.apply_updates(params, updates)
+            table.apply_gradients(ids, grads, lr=lrs[t], step=t + 1)
+
+            values, slots = _export_by_key(table, TRAINED)
+            np.testing.assert_allclose(values, np.asarray(params), rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{name}: rows after step {t + 1}")
+            ref_slots = _optax_state_leaves(state, set(table.slot_names))
+            assert sorted(ref_slots) == sorted(table.slot_names), (table.slot_names, ref_slots)
+            for s, slot in enumerate(table.slot_names):
+                np.testing.assert_allclose(slots[:, s], ref_slots[slot], rtol=RTOL,
+                                           atol=SLOT_ATOL,
+                                           err_msg=f"{name}: slot {slot} after step {t + 1}")
+        _check_untouched(table, init, slots0[0])
+        _check_spec_roundtrip(table)
+    finally:
+        table.destroy()
+
+
+def test_adam_slots_named_like_the_frameworks():
+    t = Table(dim=2, optimizer={"name": "adam", "flavor": "keras"})
+    assert t.slot_names == ["momentum", "velocity"]
+    t.destroy()
+    t = Table(dim=2, optimizer={"name": "adam", "flavor": "optax"})
+    assert t.slot_names == ["mu", "nu"]
+    t.destroy()
+
+
+def test_spec_string_and_canonical_defaults():
+    t = Table(dim=3, optimizer="name=adam;flavor=optax;b1=0.5")
+    try:
+        assert t.describe()[1] == {"name": "adam", "flavor": "optax", "b1": 0.5, "b2": 0.999,
+                                   "eps": 1e-08, "eps_root": 0, "nesterov": False,
+                                   "amsgrad": False}
+    finally:
+        t.destroy()
+    t = Table(dim=3, optimizer={"name": "sgd", "flavor": "keras", "momentum": 0.0})
+    try:
+        assert t.slot_names == []  # no momentum, no slot (as in Keras)
+    finally:
+        t.destroy()
+
+
+def test_missing_rows_start_from_initial_slots():
+    """A key first seen by apply_gradients gets its initializer row and initial slots, then the
+    update: the same as a preloaded row (Adagrad's accumulator starts at 0.1 here)."""
+    keras = _keras()
+    spec = K("adagrad")
+    t = Table(dim=DIM, initializer="zeros", optimizer=spec)
+    try:
+        g = np.random.RandomState(3).randn(1, DIM).astype(np.float32)
+        t.apply_gradients(np.array([7], np.int64), g, lr=0.1, step=1)
+        var = keras.Variable(np.zeros((1, DIM), np.float32))
+        keras.optimizers.Adagrad(learning_rate=0.1).apply_gradients([(g, var)])
+        values, _ = t.find(np.array([7], np.int64))
+        np.testing.assert_allclose(values, np.asarray(var), rtol=RTOL, atol=ATOL)
+    finally:
+        t.destroy()
+
+
+BAD_SPECS = [
+    ({"name": "adamq", "flavor": "keras"}, "adamq"),
+    ("name=nosuchopt;flavor=optax", "nosuchopt"),
+    ({"name": "adam", "flavor": "pytorch"}, "pytorch"),
+    ("name=sgd;flavor=jaxish", "jaxish"),
+    ({"name": "adam", "flavor": "keras", "b1": 0.9}, "b1"),  # optax name under keras
+    ({"name": "adam", "flavor": "optax", "beta_1": 0.9}, "beta_1"),  # keras name under optax
+    ("name=rmsprop;flavor=keras;decay=0.9", "decay"),
+    ({"name": "lion", "flavor": "keras", "weight_decay": 0.1}, "weight_decay"),
+    ({"name": "sgd", "flavor": "optax", "bogus_hyper": 1}, "bogus_hyper"),
+    ({"name": "adam", "flavor": "keras", "beta_1": 1.5}, "beta_1"),
+    ({"name": "sgd", "flavor": "keras", "momentum": -0.1}, "momentum"),
+    ({"name": "adagrad", "flavor": "optax", "eps": -1.0}, "eps"),
+    ({"name": "ftrl", "flavor": "keras", "learning_rate_power": 0.5}, "learning_rate_power"),
+    ({"name": "lion", "flavor": "keras", "beta_1": 0.0}, "beta_1"),
+    ({"name": "adam", "flavor": "keras", "epsilon": "abc"}, "epsilon"),
+    ({"name": "adam", "flavor": "keras", "amsgrad": "maybe"}, "amsgrad"),
+    ({"name": "ftrl", "flavor": "optax"}, "optax"),
+    ({"name": "adam", "flavor": "optax", "bias_correction_mu": False}, "bias_correction_mu"),
+    ({"name": "adam", "flavor": "optax", "amsgrad": True, "nesterov": True}, "nesterov"),
+]
+
+
+@pytest.mark.parametrize("spec,needle", BAD_SPECS, ids=[n for _, n in BAD_SPECS])
+def test_bad_spec_raises_value_error_naming_it(spec, needle):
+    with pytest.raises(ValueError, match=needle):
+        Table(dim=4, optimizer=spec)
+
+
+@pytest.mark.parametrize("spec,needle", [
+    ("name=adamq;flavor=keras", "adamq"),
+    ("name=adam;flavor=pytorch", "pytorch"),
+    ("name=adam;flavor=keras;b1=0.9", "b1"),
+    ("flavor=keras", "name"),
+])
+def test_core_rejects_bad_spec_itself(spec, needle):
+    """The same errors come from the core, for front ends that pass spec strings straight in."""
+    from dualemb.core import table as table_module
+
+    core = table_module._core
+    t = Table(dim=4)
+    try:
+        with pytest.raises(ValueError, match=needle):
+            core.set_optimizer(t.id, spec)
+    finally:
+        t.destroy()
+
+
+def test_bad_step_or_lr_changes_nothing():
+    t, init = _preloaded_table(K("adam"), 0)
+    try:
+        ids = np.append(TRAINED, 12345)
+        g = np.ones((len(ids), DIM), np.float32)
+        with pytest.raises(ValueError, match="step"):
+            t.apply_gradients(ids, g, lr=0.1, step=0)
+        with pytest.raises(ValueError, match="learning rate"):
+            t.apply_gradients(ids, g, lr=float("nan"), step=1)
+        assert t.size() == len(TRAINED) + 1
+        values, slots = _export_by_key(t, np.append(TRAINED, UNTOUCHED))
+        assert np.array_equal(values, init) and not slots.any()
+    finally:
+        t.destroy()
