@@ -3,6 +3,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "normal.h"
 #include "random.h"
 
 namespace dualemb {
@@ -66,23 +67,10 @@ void Initializer::fill(uint64_t key, float* row) const {
       }
       return;
     }
-    case kNormal: {
-      const uint64_t s = key_stream(seed_, key);
-      const float mean = static_cast<float>(a_), sd = static_cast<float>(b_);
-      int64_t j = 0;
-      for (; j + 1 < dim; j += 2) {
-        float z0, z1;
-        normal_pair(draw(s, j >> 1), &z0, &z1);
-        row[j] = mean + sd * z0;
-        row[j + 1] = mean + sd * z1;
-      }
-      if (j < dim) {
-        float z0, z1;
-        normal_pair(draw(s, j >> 1), &z0, &z1);
-        row[j] = mean + sd * z0;
-      }
+    case kNormal:
+      fill_normal(key_stream(seed_, key), static_cast<float>(a_), static_cast<float>(b_), row,
+                  dim);
       return;
-    }
     case kTruncatedNormal: {
       // Keras' TruncatedNormal: draws beyond two standard deviations are redrawn. Redraws use
       // further counters of the same stream, so the row stays a pure function of (seed, key).
@@ -91,7 +79,7 @@ void Initializer::fill(uint64_t key, float* row) const {
       for (int64_t j = 0; j < dim; ++j) {
         float z0 = 0.f, z1;
         for (uint64_t attempt = 0; attempt < 1000; ++attempt) {
-          normal_pair(draw(s, static_cast<uint64_t>(j) + attempt * static_cast<uint64_t>(dim)),
+          normal_pair_fast(draw(s, static_cast<uint64_t>(j) + attempt * static_cast<uint64_t>(dim)),
                       &z0, &z1);
           if (std::fabs(z0) <= 2.f) break;
           if (std::fabs(z1) <= 2.f) { z0 = z1; break; }

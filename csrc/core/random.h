@@ -4,7 +4,6 @@
 #ifndef DUALEMB_RANDOM_H_
 #define DUALEMB_RANDOM_H_
 
-#include <cmath>
 #include <cstdint>
 
 namespace dualemb {
@@ -26,17 +25,6 @@ inline uint64_t draw(uint64_t stream, uint64_t i) {
 // Uniform in the open interval (0, 1) from 32 random bits.
 inline float unit_open(uint32_t bits) {
   return (static_cast<float>(bits >> 8) + 0.5f) * (1.0f / 16777216.0f);
-}
-
-// Two independent standard normals from 64 random bits (Box-Muller). u1 uses 32 bits so that
-// the tails reach ~6.7 sigma.
-inline void normal_pair(uint64_t bits, float* z0, float* z1) {
-  double u1 = (static_cast<double>(bits >> 32) + 0.5) * (1.0 / 4294967296.0);
-  float u2 = unit_open(static_cast<uint32_t>(bits));
-  float r = static_cast<float>(std::sqrt(-2.0 * std::log(u1)));
-  float angle = 6.28318530717958647692f * u2;
-  *z0 = r * std::cos(angle);
-  *z1 = r * std::sin(angle);
 }
 
 }  // namespace dualemb

@@ -18,7 +18,6 @@ namespace {
 constexpr int64_t kMaxDim = 1 << 16;
 constexpr int64_t kReadTask = 4096;      // keys per task of a parallel read
 constexpr int64_t kParallelMin = 2048;   // smaller batches run on the calling thread
-constexpr int kPrefetch = 8;             // how far ahead a read loop prefetches
 
 int parse_key_dtype(const std::string& s) {
   if (s == "int64") return 0;
@@ -220,22 +219,37 @@ void Table::erase_row(Shard& s, int64_t row) {
 void Table::find(const int64_t* keys, int64_t n, float* values, uint8_t* exists) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   const int64_t dim = dim_;
+  // Blocks of kBlock keys in three passes (hash + prefetch the index slot, probe + prefetch
+  // the row, copy), so up to kBlock cache misses are in flight at once instead of one.
+  constexpr int kBlock = 16;
+  const size_t row_bytes = sizeof(float) * dim;
   auto range = [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + kPrefetch < end) {
-        uint64_t hp = hash_key(keys[i + kPrefetch]);
-        shards_[shard_of(hp)]->index.prefetch(hp);
+    uint64_t h[kBlock];
+    int64_t r[kBlock];
+    const Shard* sh[kBlock];
+    for (int64_t b = begin; b < end; b += kBlock) {
+      const int m = static_cast<int>(std::min<int64_t>(kBlock, end - b));
+      for (int j = 0; j < m; ++j) {
+        h[j] = hash_key(keys[b + j]);
+        sh[j] = shards_[shard_of(h[j])].get();
+        sh[j]->index.prefetch(h[j]);
       }
-      uint64_t h = hash_key(keys[i]);
-      const Shard& s = *shards_[shard_of(h)];
-      int64_t r = s.index.find(keys[i], h);
-      float* out = values + i * dim;
-      if (r >= 0) {
-        std::memcpy(out, s.rows.row(r), sizeof(float) * dim);
-      } else {
-        init_.fill(static_cast<uint64_t>(keys[i]), out);
+      for (int j = 0; j < m; ++j) {
+        r[j] = sh[j]->index.find(keys[b + j], h[j]);
+        if (r[j] >= 0) {
+          const char* p = reinterpret_cast<const char*>(sh[j]->rows.row(r[j]));
+          for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off);
+        }
       }
-      if (exists) exists[i] = r >= 0;
+      for (int j = 0; j < m; ++j) {
+        float* out = values + (b + j) * dim;
+        if (r[j] >= 0) {
+          std::memcpy(out, sh[j]->rows.row(r[j]), row_bytes);
+        } else {
+          init_.fill(static_cast<uint64_t>(keys[b + j]), out);
+        }
+        if (exists) exists[b + j] = r[j] >= 0;
+      }
     }
   };
   if (n < kParallelMin || threads() == 1) {

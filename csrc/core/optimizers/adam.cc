@@ -12,6 +12,7 @@
 // bias_correction_nu=True). Slots "mu", "nu" (+ "nu_max" with amsgrad):
 //   mu = (1-b1)*g + b1*mu;  nu = (1-b2)*g*g + b2*nu
 //   mu_hat = mu/(1-b1^t)   [nesterov: b1*(mu/(1-b1^(t+1))) + (1-b1)*(g/(1-b1^t))];  nu_hat = nu/(1-b2^t)
+//   (XLA evaluates these divisions by a scalar as x * (1/scalar); so does this file)
 //   amsgrad: nu_max = max(nu_max, nu_hat) (optax keeps the max of the *bias-corrected* nu; Keras of
 //   the raw v), nu_hat := nu_max
 //   u = mu_hat / (sqrt(nu_hat + eps_root) + eps);  adamw: u += weight_decay*w;  w += u*(-lr)
@@ -138,11 +139,12 @@ class OptaxAdam final : public OptimizerBase {
     if (amsgrad_) add_slot("nu_max", 0.f);
   }
 
+  // XLA turns `x / scalar` into `x * (1 / scalar)`, so the bias corrections are reciprocals.
   StepArgs prepare(float lr, int64_t step) const override {
     StepArgs a = start(lr, step);
-    a.c[0] = bc_mu_ ? 1.f - pow_step(b1_, step) : 1.f;
-    a.c[1] = bc_nu_ ? 1.f - pow_step(b2_, step) : 1.f;
-    a.c[2] = 1.f - pow_step(b1_, step + 1);
+    a.c[0] = bc_mu_ ? 1.f / (1.f - pow_step(b1_, step)) : 1.f;
+    a.c[1] = bc_nu_ ? 1.f / (1.f - pow_step(b2_, step)) : 1.f;
+    a.c[2] = 1.f / (1.f - pow_step(b1_, step + 1));
     return a;
   }
 
@@ -162,7 +164,7 @@ class OptaxAdam final : public OptimizerBase {
 
  private:
   struct Scalars {
-    float bc1, bc2, bc1_next, nlr;
+    float inv_bc1, inv_bc2, inv_bc1_next, nlr;
   };
 
   template <bool kNesterov, bool kAms, bool kDecay>
@@ -172,15 +174,16 @@ class OptaxAdam final : public OptimizerBase {
     float* __restrict nu = slots + dim;
     float* __restrict nm = slots + 2 * dim;
     const float b1 = b1_, b2 = b2_, omb1 = omb1_, omb2 = omb2_, eps = eps_, eps_root = eps_root_;
-    const float wd = wd_, bc1 = s.bc1, bc2 = s.bc2, bc1n = s.bc1_next, nlr = s.nlr;
+    const float wd = wd_, ibc1 = s.inv_bc1, ibc2 = s.inv_bc2, ibc1n = s.inv_bc1_next;
+    const float nlr = s.nlr;
     for (int64_t i = 0; i < dim; ++i) {
       const float gi = g[i];
       const float mi = omb1 * gi + b1 * mu[i];
       const float ni = omb2 * (gi * gi) + b2 * nu[i];
       mu[i] = mi;
       nu[i] = ni;
-      const float mh = kNesterov ? b1 * (mi / bc1n) + omb1 * (gi / bc1) : mi / bc1;
-      float nh = ni / bc2;
+      const float mh = kNesterov ? b1 * (mi * ibc1n) + omb1 * (gi * ibc1) : mi * ibc1;
+      float nh = ni * ibc2;
       if (kAms) {
         nh = std::max(nm[i], nh);
         nm[i] = nh;

@@ -36,17 +36,18 @@ class Adamax final : public OptimizerBase {
 
   StepArgs prepare(float lr, int64_t step) const override {
     StepArgs a = start(lr, step);
-    a.c[0] = 1.f - pow_step(b1_, step);
+    const float bc1 = 1.f - pow_step(b1_, step);
+    a.c[0] = bc1;
+    a.c[1] = 1.f / bc1;  // optax: XLA evaluates mu / bc1 as mu * (1 / bc1)
     return a;
   }
 
   void apply(float* row, float* slots, const float* grad, int64_t dim,
              const StepArgs& args) const override {
-    const float bc1 = static_cast<float>(args.c[0]);
     if (flavor_ == Flavor::kKeras)
-      keras(row, slots, slots + dim, grad, dim, args.lr, bc1);
+      keras(row, slots, slots + dim, grad, dim, args.lr, static_cast<float>(args.c[0]));
     else
-      optax(row, slots, slots + dim, grad, dim, -args.lr, bc1);
+      optax(row, slots, slots + dim, grad, dim, -args.lr, static_cast<float>(args.c[1]));
   }
 
  private:
@@ -63,7 +64,7 @@ class Adamax final : public OptimizerBase {
     }
   }
   void optax(float* __restrict w, float* __restrict mu, float* __restrict nu,
-             const float* __restrict g, int64_t dim, float nlr, float bc1) const {
+             const float* __restrict g, int64_t dim, float nlr, float inv_bc1) const {
     const float b1 = b1_, omb1 = omb1_, b2 = b2_, eps = eps_;
     for (int64_t i = 0; i < dim; ++i) {
       const float gi = g[i];
@@ -71,7 +72,7 @@ class Adamax final : public OptimizerBase {
       const float ni = std::max(std::fabs(gi) + eps, b2 * nu[i]);
       mu[i] = mi;
       nu[i] = ni;
-      w[i] += ((mi / bc1) / ni) * nlr;
+      w[i] += ((mi * inv_bc1) / ni) * nlr;
     }
   }
 

@@ -113,52 +113,53 @@ class OptaxRmsprop final : public OptimizerBase {
 
   StepArgs prepare(float lr, int64_t step) const override {
     StepArgs a = start(lr, step);
-    a.c[0] = bias_correction_ ? 1.f - pow_step(decay_, step) : 1.f;
+    // XLA evaluates nu / bc as nu * (1 / bc).
+    a.c[0] = bias_correction_ ? 1.f / (1.f - pow_step(decay_, step)) : 1.f;
     return a;
   }
 
   void apply(float* row, float* slots, const float* grad, int64_t dim,
              const StepArgs& args) const override {
-    const float bc = static_cast<float>(args.c[0]);
+    const float ibc = static_cast<float>(args.c[0]);
     float* mu = slots;
     float* nu = slots + (centered_ ? dim : 0);
     float* tr = nu + dim;
     const int variant = (centered_ ? 1 : 0) | (eps_in_sqrt_ ? 2 : 0);
     switch (variant) {
-      case 0: dispatch<false, false>(row, mu, nu, tr, grad, dim, -args.lr, bc); break;
-      case 1: dispatch<true, false>(row, mu, nu, tr, grad, dim, -args.lr, bc); break;
-      case 2: dispatch<false, true>(row, mu, nu, tr, grad, dim, -args.lr, bc); break;
-      default: dispatch<true, true>(row, mu, nu, tr, grad, dim, -args.lr, bc); break;
+      case 0: dispatch<false, false>(row, mu, nu, tr, grad, dim, -args.lr, ibc); break;
+      case 1: dispatch<true, false>(row, mu, nu, tr, grad, dim, -args.lr, ibc); break;
+      case 2: dispatch<false, true>(row, mu, nu, tr, grad, dim, -args.lr, ibc); break;
+      default: dispatch<true, true>(row, mu, nu, tr, grad, dim, -args.lr, ibc); break;
     }
   }
 
  private:
   template <bool kCentered, bool kEpsInSqrt>
   void dispatch(float* w, float* mu, float* nu, float* tr, const float* g, int64_t dim, float nlr,
-                float bc) const {
+                float ibc) const {
     if (momentum_ == 0.f)
-      kernel<kCentered, kEpsInSqrt, 0>(w, mu, nu, tr, g, dim, nlr, bc);
+      kernel<kCentered, kEpsInSqrt, 0>(w, mu, nu, tr, g, dim, nlr, ibc);
     else if (nesterov_)
-      kernel<kCentered, kEpsInSqrt, 2>(w, mu, nu, tr, g, dim, nlr, bc);
+      kernel<kCentered, kEpsInSqrt, 2>(w, mu, nu, tr, g, dim, nlr, ibc);
     else
-      kernel<kCentered, kEpsInSqrt, 1>(w, mu, nu, tr, g, dim, nlr, bc);
+      kernel<kCentered, kEpsInSqrt, 1>(w, mu, nu, tr, g, dim, nlr, ibc);
   }
 
   // kTrace: 0 no momentum, 1 momentum, 2 Nesterov momentum.
   template <bool kCentered, bool kEpsInSqrt, int kTrace>
   void kernel(float* __restrict w, float* __restrict mu, float* __restrict nu,
               float* __restrict tr, const float* __restrict g, int64_t dim, float nlr,
-              float bc) const {
+              float ibc) const {
     const float decay = decay_, omd = omd_, eps = eps_, momentum = momentum_;
     for (int64_t i = 0; i < dim; ++i) {
       const float gi = g[i];
       const float ni = omd * (gi * gi) + decay * nu[i];
       nu[i] = ni;
-      float var = ni / bc;
+      float var = ni * ibc;
       if (kCentered) {
         const float mi = omd * gi + decay * mu[i];
         mu[i] = mi;
-        const float mh = mi / bc;
+        const float mh = mi * ibc;
         var = var - mh * mh;
       }
       const float s = kEpsInSqrt ? 1.f / std::sqrt(var + eps) : 1.f / (std::sqrt(var) + eps);

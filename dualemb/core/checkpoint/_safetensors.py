@@ -12,10 +12,12 @@ tensor as it goes. Nothing here ever holds a whole tensor.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import struct
 import sys
+import threading
 import zlib
 from typing import Iterable, Mapping
 
@@ -52,6 +54,46 @@ def numpy_dtype(code: str) -> np.dtype:
             raise CheckpointError("reading bfloat16 tensors needs the ml_dtypes package") from e
         return np.dtype(ml_dtypes.bfloat16)
     return np.dtype(name)
+
+
+# ---- CRC-32 of concatenations (zlib's crc32_combine), so chunks can be summed in parallel ----
+def _gf2_times(mat: list, vec: int) -> int:
+    out, i = 0, 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+def _gf2_compose(a: list, b: list) -> list:
+    """The matrix applying b, then a."""
+    return [_gf2_times(a, col) for col in b]
+
+
+@functools.lru_cache(maxsize=256)
+def _zeros_operator(nbytes: int) -> tuple:
+    """The GF(2) matrix that maps crc(A) to crc(A + nbytes zero bytes) (before the final xor)."""
+    one_bit = [0xEDB88320] + [1 << n for n in range(31)]
+    op = [1 << n for n in range(32)]
+    power = _gf2_compose(one_bit, one_bit)  # 2 zero bits
+    power = _gf2_compose(power, power)      # 4
+    power = _gf2_compose(power, power)      # 8 bits = 1 zero byte
+    while nbytes:
+        if nbytes & 1:
+            op = _gf2_compose(power, op)
+        nbytes >>= 1
+        if nbytes:
+            power = _gf2_compose(power, power)
+    return tuple(op)
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """crc32(A + B) from crc1 = crc32(A), crc2 = crc32(B) and len2 = len(B)."""
+    if len2 == 0:
+        return crc1
+    return _gf2_times(_zeros_operator(len2), crc1) ^ crc2
 
 
 def _bytes_view(arr: np.ndarray) -> memoryview:
@@ -120,7 +162,8 @@ class Writer:
         self._total = self._base + offset
         self._header_json = header
         self._pos = {name: 0 for name in self._info}
-        self._crc = {name: 0 for name in self._info}
+        self._chunks = {name: {} for name in self._info}  # byte offset -> (length, crc)
+        self._lock = threading.Lock()
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
                            0o644)
         try:
@@ -136,27 +179,52 @@ class Writer:
             raise
 
     def write(self, name: str, data) -> None:
+        """Appends the next bytes of tensor `name`."""
+        view = data if isinstance(data, memoryview) else _bytes_view(np.ascontiguousarray(data))
+        pos = self._pos[name]
+        self._pos[name] = pos + len(view)
+        self.write_at(name, pos, view)
+
+    def write_at(self, name: str, pos: int, data) -> None:
+        """Writes bytes [pos, pos + len(data)) of tensor `name`. Thread-safe: chunks of one file
+        may be written concurrently and in any order; their CRC-32s are combined in finish()."""
         view = data if isinstance(data, memoryview) else _bytes_view(np.ascontiguousarray(data))
         begin, end = self._info[name]
-        pos = self._pos[name]
-        if pos + len(view) > end - begin:
-            raise ValueError(f"{self.path}: more data than tensor {name!r} holds")
-        self._crc[name] = zlib.crc32(view, self._crc[name])
+        if pos < 0 or pos + len(view) > end - begin:
+            raise ValueError(f"{self.path}: bytes [{pos}, {pos + len(view)}) are outside tensor "
+                             f"{name!r} ({end - begin} bytes)")
+        if not len(view):
+            return
+        crc = zlib.crc32(view)
         pwrite_all(self._fd, view, self._base + begin + pos)
-        self._pos[name] = pos + len(view)
+        with self._lock:
+            if pos in self._chunks[name]:
+                raise ValueError(f"{self.path}: tensor {name!r} byte {pos} written twice")
+            self._chunks[name][pos] = (len(view), crc)
+
+    def _tensor_crc(self, name: str) -> int:
+        begin, end = self._info[name]
+        crc, pos = 0, 0
+        for start in sorted(self._chunks[name]):
+            length, c = self._chunks[name][start]
+            if start != pos:
+                break
+            crc = crc32_combine(crc, c, length)
+            pos += length
+        if pos != end - begin:
+            raise ValueError(f"{self.path}: tensor {name!r} got {pos} contiguous bytes of "
+                             f"{end - begin}")
+        return crc
 
     def finish(self) -> dict:
-        for name, (begin, end) in self._info.items():
-            if self._pos[name] != end - begin:
-                raise ValueError(f"{self.path}: tensor {name!r} got {self._pos[name]} of "
-                                 f"{end - begin} bytes")
+        crcs = {name: self._tensor_crc(name) for name in self._info}
         os.fsync(self._fd)
         self.close()
         tensors = {}
         for name, (begin, end) in self._info.items():
             h = self._header_json[name]
             tensors[name] = {"dtype": h["dtype"], "shape": h["shape"], "data_offsets": [begin, end],
-                             "crc32": self._crc[name]}
+                             "crc32": crcs[name]}
         return {"file": os.path.basename(self.path), "bytes": self._total,
                 "header_bytes": self._base, "header_crc32": zlib.crc32(self._header),
                 "tensors": tensors}
@@ -233,6 +301,40 @@ class Reader:
 
     def dtype(self, name: str) -> np.dtype:
         return self._info[name][2]
+
+    def segments(self, max_bytes: int) -> list:
+        """(tensor name, begin, end) byte ranges, relative to the tensor, covering every tensor;
+        each at most max_bytes long (a multiple of 8) except tensors split only at item edges."""
+        out = []
+        for name, (begin, end, _, _) in self._info.items():
+            size = end - begin
+            pos = 0
+            while True:
+                m = min(max_bytes, size - pos)
+                out.append((name, pos, pos + m))
+                pos += m
+                if pos >= size:
+                    break
+        return out
+
+    def crc_range(self, name: str, lo: int, hi: int, buffer: bytearray, on_chunk=None) -> int:
+        """CRC-32 of bytes [lo, hi) of tensor `name`, read through `buffer`."""
+        begin = self._info[name][0]
+        mv = memoryview(buffer)
+        crc, pos = 0, lo
+        while pos < hi:
+            m = min(len(mv), hi - pos)
+            chunk = mv[:m]
+            pread_into(self._fd, chunk, begin + pos, self.path)
+            crc = zlib.crc32(chunk, crc)
+            if on_chunk is not None:
+                on_chunk(name, chunk)
+            pos += m
+        return crc
+
+    def check_crc(self, name: str, crc: int) -> None:
+        if crc != self.entry["tensors"][name]["crc32"]:
+            self._fail(f"checksum mismatch in tensor {name!r} (corrupt data)")
 
     def verify(self, buffer: bytearray, on_chunk=None) -> None:
         """CRC-32 of every tensor, streamed through `buffer`. `on_chunk(name, memoryview)` sees

@@ -16,8 +16,10 @@ from dualemb.core.checkpoint._manifest import (DENSE_FILE, FORMAT, MANIFEST, MET
 from dualemb.core.checkpoint._safetensors import Writer, dtype_code, fsync_dir, pwrite_all
 
 # A page never exceeds this many bytes (whatever page_rows says), which bounds the memory a save
-# uses to about two pages plus one slot column.
-PAGE_BYTES = 8 << 20
+# uses to about two pages plus the slot columns being copied out.
+PAGE_BYTES = 4 << 20
+# Pages are written (and checksummed) by a few threads in pieces of at most this many bytes.
+CHUNK_BYTES = 1 << 20
 _INIT_KEYS = ("initializer", "seed", "mean", "stddev", "minval", "maxval", "value", "values")
 
 
@@ -75,6 +77,10 @@ def _export_page(table, offset: int, limit: int) -> dict:
     return table.export(offset, limit)
 
 
+def _workers() -> int:
+    return max(1, min(4, os.cpu_count() or 1))
+
+
 def _write_shard(table, path: str, name: str, shard: int, info: dict, page_rows: int,
                  pool: ThreadPoolExecutor) -> dict:
     dim = info["dim"]
@@ -87,39 +93,50 @@ def _write_shard(table, path: str, name: str, shard: int, info: dict, page_rows:
                ("keys", key_dtype, (n,)), ("values", np.float32, (n, dim))]
     tensors += [(SLOT_PREFIX + s, np.float32, (n, dim)) for s in slot_names]
     writer = Writer(path, tensors, {"format": FORMAT, "table": name, "shard": str(shard)})
+    row_bytes = 4 * dim * (1 + ns) + 16 + key_dtype.itemsize
+    rows_per_page = max(1, min(int(page_rows), PAGE_BYTES // row_bytes))
+
+    def pieces(arr, row0):
+        view = memoryview(arr.reshape(-1).view(np.uint8))
+        pos = row0 * (arr.nbytes // len(arr))
+        return [(pos + a, view[a:a + CHUNK_BYTES]) for a in range(0, len(view), CHUNK_BYTES)]
+
+    def put(tname, row0, arr):
+        """Queues a page's rows of one tensor, in pieces of at most CHUNK_BYTES."""
+        return [pool.submit(writer.write_at, tname, pos, piece) for pos, piece in pieces(arr, row0)]
+
+    def slot_task(j, row0, slots):
+        # Copies slot column j out of [m, num_slots, dim] and writes it, in this worker thread.
+        for pos, piece in pieces(np.ascontiguousarray(slots[:, j, :]), row0):
+            writer.write_at(SLOT_PREFIX + slot_names[j], pos, piece)
+
+    inflight: list = []  # futures of the page being written while the next one is exported
+    done = 0
     try:
-        row_bytes = 4 * dim * (1 + ns) + 16 + key_dtype.itemsize
-        rows_per_page = max(1, min(int(page_rows), PAGE_BYTES // row_bytes))
-
-        def write(page):
-            writer.write("last_update", page["last_update"])
-            writer.write("update_count", page["update_count"])
-            writer.write("keys", page["keys"])
-            writer.write("values", page["values"])
-            for j, s in enumerate(slot_names):
-                writer.write(SLOT_PREFIX + s, np.ascontiguousarray(page["slots"][:, j, :]))
-
-        pending = None
-        done = 0
-        try:
-            while done < n:
-                page = _export_page(table, done, min(rows_per_page, n - done))
-                m = len(page["keys"])
-                if m == 0:
-                    break
-                if pending is not None:
-                    pending.result()
-                pending = pool.submit(write, page)
-                done += m
-        finally:
-            if pending is not None:
-                pending.result()
+        while done < n:
+            page = _export_page(table, done, min(rows_per_page, n - done))
+            m = len(page["keys"])
+            if m == 0:
+                break
+            for f in inflight:
+                f.result()
+            inflight = []
+            for tname in ("last_update", "update_count", "keys", "values"):
+                inflight += put(tname, done, page[tname])
+            inflight += [pool.submit(slot_task, j, done, page["slots"]) for j in range(ns)]
+            done += m
+            del page
+        for f in inflight:
+            f.result()
+        inflight = []
         if done != n or table.clock != clock0 or list(table.slot_names) != slot_names:
             raise CheckpointError(
                 f"table {name!r} shard {shard} was modified while it was being saved "
                 f"({done} of {n} rows exported); save again while no thread writes to it")
         entry = writer.finish()
     finally:
+        for f in inflight:  # never close the file under a running write
+            f.exception()
         writer.close()
     entry["rows"] = n
     entry["clock"] = int(clock0)
@@ -189,7 +206,7 @@ def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 
     tmp = _fs.make_tmp(path)
     try:
         manifest_tables = []
-        with ThreadPoolExecutor(1, thread_name_prefix="dualemb-ckpt") as pool:
+        with ThreadPoolExecutor(_workers(), thread_name_prefix="dualemb-ckpt") as pool:
             for i, (name, shards, info) in enumerate(infos):
                 files = [_write_shard(t, os.path.join(tmp, shard_file_name(i, j)), name, j, info,
                                       page_rows, pool)

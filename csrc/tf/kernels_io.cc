@@ -1,0 +1,138 @@
+// kernels_io.cc — export (paged) and import of whole rows: keys, values, slots and metadata.
+// Used by checkpointing (dualemb/tf/saving.py) and Variable.export().
+#include <algorithm>
+
+#include "common.h"
+
+namespace dualemb_tf {
+namespace {
+
+using ::tensorflow::DEVICE_CPU;
+
+class ExportOp : public OpKernel {
+ public:
+  explicit ExportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tkey", &key_type_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    int64_t id, offset, limit, size = 0;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "offset", &offset));
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 2, "limit", &limit));
+    OP_REQUIRES(ctx, offset >= 0,
+                absl::InvalidArgumentError(name() + ": offset must be >= 0"));
+    TableDims d;
+    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));
+    OP_REQUIRES(ctx, CoreKeyDtype(key_type_) == d.key_dtype,
+                absl::InvalidArgumentError(name() + ": the op exports " +
+                                           ::tensorflow::DataTypeString(key_type_) +
+                                           " keys but the table's key dtype is " +
+                                           KeyDtypeName(d.key_dtype)));
+    OP_REQUIRES(ctx, dim_ < 0 || dim_ == d.dim,
+                absl::InvalidArgumentError(name() + ": the op was built for dim " +
+                                           std::to_string(dim_) + " but the table has dim " +
+                                           std::to_string(d.dim)));
+    DE_CORE_CALL(ctx, de_size(id, &size));
+    int64_t rows = std::max<int64_t>(0, size - offset);
+    if (limit >= 0) rows = std::min(rows, limit);
+
+    Tensor keys, values, slots, last, count;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(key_type_, TensorShape({rows}), &keys));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({rows, d.dim}),
+                                           &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT,
+                                           TensorShape({rows, d.num_slots, d.dim}), &slots));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({rows}), &last));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({rows}), &count));
+    int64_t got = 0;
+    if (rows > 0) {
+      DE_CORE_CALL(ctx, de_export(id, offset, rows, d.key_dtype, keys.data(),
+                                  values.flat<float>().data(),
+                                  d.num_slots ? slots.flat<float>().data() : nullptr,
+                                  last.flat<int64_t>().data(), count.flat<int64_t>().data(), &got));
+    }
+    // The table may have shrunk between size and export (a concurrent erase): keep what was read.
+    ctx->set_output(0, got == rows ? keys : keys.Slice(0, got));
+    ctx->set_output(1, got == rows ? values : values.Slice(0, got));
+    ctx->set_output(2, got == rows ? slots : slots.Slice(0, got));
+    ctx->set_output(3, got == rows ? last : last.Slice(0, got));
+    ctx->set_output(4, got == rows ? count : count.Slice(0, got));
+  }
+
+ private:
+  int64_t dim_;
+  DataType key_type_;
+};
+
+class ImportOp : public OpKernel {
+ public:
+  explicit ImportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("clear", &clear_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    int64_t id;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    TableDims d;
+    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));
+    const Tensor& keys = ctx->input(1);
+    const Tensor& values = ctx->input(2);
+    const Tensor& slots = ctx->input(3);
+    const Tensor& last = ctx->input(4);
+    const Tensor& count = ctx->input(5);
+    OP_REQUIRES(ctx, keys.dims() == 1,
+                absl::InvalidArgumentError(name() + ": keys must be a vector, got shape " +
+                                           keys.shape().DebugString()));
+    OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
+    OP_REQUIRES_OK(ctx, CheckRows(name(), "values", d, keys, values));
+    const int64_t n = keys.NumElements();
+    const float* slot_ptr = nullptr;
+    if (slots.NumElements() > 0 || (slots.dims() == 3 && slots.dim_size(1) > 0)) {
+      TensorShape want({n, d.num_slots, d.dim});
+      OP_REQUIRES(ctx, slots.shape() == want,
+                  absl::InvalidArgumentError(name() + ": slots have shape " +
+                                             slots.shape().DebugString() + ", expected " +
+                                             want.DebugString() + " [n, num_slots, dim]"));
+      slot_ptr = slots.flat<float>().data();
+    }
+    auto meta = [&](const Tensor& t, const char* what, const int64_t** ptr) -> absl::Status {
+      if (t.NumElements() == 0 && n != 0) return absl::OkStatus();  // left out
+      if (t.dims() != 1 || t.NumElements() != n)
+        return absl::InvalidArgumentError(name() + ": " + what + " has shape " +
+                                          t.shape().DebugString() + ", expected [" +
+                                          std::to_string(n) + "] or empty");
+      *ptr = n ? t.flat<int64_t>().data() : nullptr;
+      return absl::OkStatus();
+    };
+    const int64_t* last_ptr = nullptr;
+    const int64_t* count_ptr = nullptr;
+    OP_REQUIRES_OK(ctx, meta(last, "last_update", &last_ptr));
+    OP_REQUIRES_OK(ctx, meta(count, "update_count", &count_ptr));
+    if (clear_) DE_CORE_CALL(ctx, de_clear(id));
+    int64_t evicted = 0;
+    if (n > 0) {
+      DE_CORE_CALL(ctx, de_import(id, d.key_dtype, keys.data(), n, values.flat<float>().data(),
+                                  slot_ptr, last_ptr, count_ptr, &evicted));
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = evicted;
+  }
+
+ private:
+  bool clear_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("DualembExport").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
+                        ExportOp);
+REGISTER_KERNEL_BUILDER(Name("DualembExport").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
+                        ExportOp);
+REGISTER_KERNEL_BUILDER(Name("DualembImport").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
+                        ImportOp);
+REGISTER_KERNEL_BUILDER(Name("DualembImport").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
+                        ImportOp);
+
+}  // namespace
+}  // namespace dualemb_tf

@@ -1,0 +1,141 @@
+// kernels_lookup.cc — find / find_or_insert, insert_or_assign, accum, erase.
+#include "common.h"
+
+namespace dualemb_tf {
+namespace {
+
+using ::tensorflow::DEVICE_CPU;
+
+class FindOp : public OpKernel {
+ public:
+  explicit FindOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("insert_missing", &insert_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    int64_t id;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    TableDims d;
+    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
+    OP_REQUIRES(ctx, d.dim == dim_,
+                absl::InvalidArgumentError(name() + ": the op was built for dim " +
+                                           std::to_string(dim_) + " but the table has dim " +
+                                           std::to_string(d.dim)));
+    TensorShape rows_shape = keys.shape();
+    rows_shape.AddDim(d.dim);
+    Tensor* values = nullptr;
+    Tensor* exists = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, rows_shape, &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &exists));
+    const int64_t n = keys.NumElements();
+    if (n == 0) return;
+    float* out = values->flat<float>().data();
+    auto* ex = reinterpret_cast<uint8_t*>(exists->flat<bool>().data());
+    if (insert_) {
+      DE_CORE_CALL(ctx, de_find_or_insert(id, d.key_dtype, keys.data(), n, out, ex, nullptr));
+    } else {
+      DE_CORE_CALL(ctx, de_find(id, d.key_dtype, keys.data(), n, out, ex));
+    }
+  }
+
+ private:
+  int64_t dim_;
+  bool insert_;
+};
+
+class InsertOrAssignOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    int64_t id;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    TableDims d;
+    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));
+    const Tensor& keys = ctx->input(1);
+    const Tensor& values = ctx->input(2);
+    OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
+    OP_REQUIRES_OK(ctx, CheckRows(name(), "values", d, keys, values));
+    int64_t evicted = 0;
+    if (keys.NumElements() > 0) {
+      DE_CORE_CALL(ctx, de_insert_or_assign(id, d.key_dtype, keys.data(), keys.NumElements(),
+                                            values.flat<float>().data(), &evicted));
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = evicted;
+  }
+};
+
+class AccumOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    int64_t id;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    TableDims d;
+    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));
+    const Tensor& keys = ctx->input(1);
+    const Tensor& deltas = ctx->input(2);
+    const Tensor& exists = ctx->input(3);
+    OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
+    OP_REQUIRES_OK(ctx, CheckRows(name(), "deltas", d, keys, deltas));
+    OP_REQUIRES(ctx, exists.shape() == keys.shape(),
+                absl::InvalidArgumentError(name() + ": exists has shape " +
+                                           exists.shape().DebugString() + ", expected keys' " +
+                                           keys.shape().DebugString()));
+    int64_t evicted = 0;
+    if (keys.NumElements() > 0) {
+      DE_CORE_CALL(ctx, de_accum(id, d.key_dtype, keys.data(), keys.NumElements(),
+                                 deltas.flat<float>().data(),
+                                 reinterpret_cast<const uint8_t*>(exists.flat<bool>().data()),
+                                 &evicted));
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = evicted;
+  }
+};
+
+class EraseOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    int64_t id;
+    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    TableDims d;
+    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));
+    const Tensor& keys = ctx->input(1);
+    OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
+    if (keys.NumElements() > 0) {
+      DE_CORE_CALL(ctx, de_erase(id, d.key_dtype, keys.data(), keys.NumElements()));
+    }
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("DualembFind").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
+                        FindOp);
+REGISTER_KERNEL_BUILDER(Name("DualembFind").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
+                        FindOp);
+REGISTER_KERNEL_BUILDER(
+    Name("DualembInsertOrAssign").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
+    InsertOrAssignOp);
+REGISTER_KERNEL_BUILDER(
+    Name("DualembInsertOrAssign").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
+    InsertOrAssignOp);
+REGISTER_KERNEL_BUILDER(Name("DualembAccum").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
+                        AccumOp);
+REGISTER_KERNEL_BUILDER(Name("DualembAccum").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
+                        AccumOp);
+REGISTER_KERNEL_BUILDER(Name("DualembErase").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
+                        EraseOp);
+REGISTER_KERNEL_BUILDER(Name("DualembErase").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
+                        EraseOp);
+
+}  // namespace
+}  // namespace dualemb_tf

@@ -1,0 +1,203 @@
+// ops.cc — registration of the dualemb TensorFlow ops (their kernels are in kernels_*.cc).
+//
+// Every op is stateful: Grappler must neither constant-fold a lookup nor reorder it around the
+// writes to the same table. The first input of every table op is the core table id (int64
+// scalar), so one op serves any number of tables. Rows are float32 with shape keys.shape + [dim].
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+namespace dualemb_tf {
+namespace {
+
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+// values: keys.shape + [dim] (dim from the `dim` attr; unknown when < 0).
+absl::Status RowsOfKeys(InferenceContext* c, int keys_input, int out_index) {
+  int64_t dim;
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  ShapeHandle rows;
+  TF_RETURN_IF_ERROR(c->Concatenate(
+      c->input(keys_input), c->Vector(dim >= 0 ? c->MakeDim(dim) : c->UnknownDim()), &rows));
+  c->set_output(out_index, rows);
+  return absl::OkStatus();
+}
+
+absl::Status ScalarIdInput(InferenceContext* c) {
+  ShapeHandle unused;
+  return c->WithRank(c->input(0), 0, &unused);
+}
+
+}  // namespace
+
+REGISTER_OP("DualembCreateTable")
+    .Input("table_id: int64")
+    .Input("config: string")
+    .Input("optimizer: string")
+    .Output("out_id: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(Get-or-create the core table `table_id` (0 draws a fresh id) from a config string;
+a non-empty `optimizer` spec is attached (a no-op when the same one is attached). Returns the id.)doc");
+
+REGISTER_OP("DualembFind")
+    .Input("table_id: int64")
+    .Input("keys: Tkey")
+    .Output("values: float")
+    .Output("exists: bool")
+    .Attr("Tkey: {int32, int64}")
+    .Attr("dim: int")
+    .Attr("insert_missing: bool = false")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ScalarIdInput(c));
+      TF_RETURN_IF_ERROR(RowsOfKeys(c, 1, 0));
+      c->set_output(1, c->input(1));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(Rows of `keys` (missing keys read as their initializer row) and whether each
+exists. With insert_missing, missing keys are inserted (find_or_insert).)doc");
+
+REGISTER_OP("DualembInsertOrAssign")
+    .Input("table_id: int64")
+    .Input("keys: Tkey")
+    .Input("values: float")
+    .Output("evicted: int64")
+    .Attr("Tkey: {int32, int64}")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("DualembAccum")
+    .Input("table_id: int64")
+    .Input("keys: Tkey")
+    .Input("deltas: float")
+    .Input("exists: bool")
+    .Output("evicted: int64")
+    .Attr("Tkey: {int32, int64}")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("DualembErase")
+    .Input("table_id: int64")
+    .Input("keys: Tkey")
+    .Attr("Tkey: {int32, int64}")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
+
+REGISTER_OP("DualembClear")
+    .Input("table_id: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
+
+REGISTER_OP("DualembSize")
+    .Input("table_id: int64")
+    .Output("size: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("DualembApplyGradients")
+    .Input("table_id: int64")
+    .Input("keys: Tkey")
+    .Input("grads: float")
+    .Input("learning_rate: float")
+    .Input("step: int64")
+    .Output("evicted: int64")
+    .Attr("Tkey: {int32, int64}")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(One fused optimizer step on the rows of `keys` (gradients of duplicate keys summed;
+missing keys inserted from the initializer). `step` is the 1-based update count.)doc");
+
+REGISTER_OP("DualembRestrict")
+    .Input("table_id: int64")
+    .Input("num_reserved: int64")
+    .Input("keys: Tkey")
+    .Input("scores: float")
+    .Output("removed: int64")
+    .Attr("Tkey: {int32, int64}")
+    .Attr("policy: int = 0")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(Keeps the num_reserved best keys (policy 0 recency, 1 frequency, 2 custom scores
+given for `keys`), erasing the rest with their slots. Returns how many were erased.)doc");
+
+REGISTER_OP("DualembExport")
+    .Input("table_id: int64")
+    .Input("offset: int64")
+    .Input("limit: int64")
+    .Output("keys: Tkey")
+    .Output("values: float")
+    .Output("slots: float")
+    .Output("last_update: int64")
+    .Output("update_count: int64")
+    .Attr("Tkey: {int32, int64}")
+    .Attr("dim: int = -1")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      TF_RETURN_IF_ERROR(ScalarIdInput(c));
+      int64_t dim;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      auto d = dim >= 0 ? c->MakeDim(dim) : c->UnknownDim();
+      auto n = c->UnknownDim();
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Matrix(n, d));
+      c->set_output(2, c->MakeShape({n, c->UnknownDim(), d}));
+      c->set_output(3, c->Vector(n));
+      c->set_output(4, c->Vector(n));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(Rows [offset, offset+limit) of the table's iteration order (limit < 0: to the end):
+keys, values [n, dim], slots [n, num_slots, dim], last_update, update_count.)doc");
+
+REGISTER_OP("DualembImport")
+    .Input("table_id: int64")
+    .Input("keys: Tkey")
+    .Input("values: float")
+    .Input("slots: float")
+    .Input("last_update: int64")
+    .Input("update_count: int64")
+    .Output("evicted: int64")
+    .Attr("Tkey: {int32, int64}")
+    .Attr("clear: bool = false")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(Inserts or overwrites rows with optional slots [n, num_slots, dim] and metadata
+(pass empty tensors to leave them out). With clear, the table is emptied first.)doc");
+
+REGISTER_OP("DualembSetOptimizer")
+    .Input("table_id: int64")
+    .Input("spec: string")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
+
+REGISTER_OP("DualembDescribe")
+    .Input("table_id: int64")
+    .Output("description: string")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("The table's config string, '|', and its optimizer spec.");
+
+REGISTER_OP("DualembGetClock")
+    .Input("table_id: int64")
+    .Output("clock: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("DualembSetClock")
+    .Input("table_id: int64")
+    .Input("clock: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
+
+REGISTER_OP("DualembBuildInfo")
+    .Output("tf_version: string")
+    .Output("core_version: string")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      c->set_output(1, c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc("The TensorFlow version this library was compiled against, and the core's version.");
+
+}  // namespace dualemb_tf

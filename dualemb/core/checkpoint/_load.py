@@ -1,0 +1,382 @@
+"""checkpoint.load: verifies a whole checkpoint, then restores tables page by page."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import warnings
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from dualemb.core.checkpoint import _fs
+from dualemb.core.checkpoint._manifest import (DENSE_FILE, KEY_DTYPES, MANIFEST, META_TENSORS,
+                                               SLOT_PREFIX, VALUE_DTYPES, CheckpointError,
+                                               validate)
+from dualemb.core.checkpoint._safetensors import Reader, crc32_combine
+from dualemb.core.checkpoint._save import PAGE_BYTES, _shards_of, _workers
+
+_VERIFY_BUFFER = 4 << 20  # per thread; a multiple of 8, so verification chunks hold whole keys
+_SEGMENT_BYTES = 32 << 20  # tensors are checksummed in segments of this size, in parallel
+
+
+def read_manifest_at(root: str) -> dict:
+    mpath = os.path.join(root, MANIFEST)
+    try:
+        with open(mpath, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise CheckpointError(f"{root}: no {MANIFEST}; not a complete dualemb checkpoint") from None
+    try:
+        manifest = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{mpath}: not valid JSON ({e})") from None
+    return validate(manifest, mpath)
+
+
+def read_manifest(path) -> dict:
+    """The parsed and validated manifest of the checkpoint at `path`."""
+    return read_manifest_at(_fs.resolve(_fs.normalize(path)))
+
+
+def load_dense_at(root: str, manifest: dict) -> dict:
+    entry = manifest.get("dense")
+    if entry is None:
+        return {}
+    reader = Reader(os.path.join(root, entry["file"]), entry, "dense parameters")
+    try:
+        reader.verify(bytearray(_VERIFY_BUFFER))
+        return {name: reader.read_all(name) for name in entry["tensors"]}
+    finally:
+        reader.close()
+
+
+def load_dense(path) -> dict:
+    """The dense parameters saved with the checkpoint at `path` (checksums verified)."""
+    root = _fs.resolve(_fs.normalize(path))
+    return load_dense_at(root, read_manifest_at(root))
+
+
+def _default_partitioner(keys: np.ndarray, n: int) -> np.ndarray:
+    return np.mod(keys, n)
+
+
+def _route(partitioner, keys: np.ndarray, n: int, name: str) -> np.ndarray:
+    sid = np.asarray(partitioner(keys, n))
+    if sid.shape != keys.shape or sid.dtype.kind not in "iu":
+        raise CheckpointError(f"table {name!r}: partitioner returned {sid.dtype} {sid.shape}, "
+                              f"expected integer shard indices of shape {keys.shape}")
+    if sid.size and (sid.min() < 0 or sid.max() >= n):
+        raise CheckpointError(f"table {name!r}: partitioner returned shard indices outside "
+                              f"[0, {n})")
+    return sid.astype(np.intp, copy=False)
+
+
+class _Job:
+    """One logical table to restore: its manifest entry, readers and live (or new) shards."""
+
+    def __init__(self, name: str, entry: dict, live: list | None, num_live: int,
+                 single: bool):
+        self.name = name
+        self.entry = entry
+        self.live = live
+        self.num_live = num_live
+        self.single = single
+        self.readers: list[Reader] = []
+        self.counts = np.zeros(num_live, np.int64)
+        self.set_optimizer = []  # live shards that get the saved optimizer attached
+        self.clock = max([int(s.get("clock", 0)) for s in entry["shards"]] + [0])
+
+    def close(self):
+        for r in self.readers:
+            r.close()
+
+
+def _expected_tensors(entry: dict) -> dict:
+    n_dtype = {"int64": "I64", "int32": "I32"}[entry["key_dtype"]]
+    v_dtype = VALUE_DTYPES[entry["value_dtype"]]
+    dim = entry["dim"]
+    out = {"keys": (n_dtype, None), "values": (v_dtype, dim)}
+    for m in META_TENSORS:
+        out[m] = ("I64", None)
+    for s in entry["slot_names"]:
+        out[SLOT_PREFIX + s] = (v_dtype, dim)
+    return out
+
+
+def _check_live(job: _Job) -> None:
+    e = job.entry
+    for j, t in enumerate(job.live):
+        where = f"table {job.name!r}" + (f" live shard {j}" if len(job.live) > 1 else "")
+        if int(t.dim) != e["dim"]:
+            raise CheckpointError(f"{where}: dim mismatch: the live table has dim {t.dim}, the "
+                                  f"checkpoint has dim {e['dim']}")
+        kd = np.dtype(t.key_dtype).name
+        if kd != e["key_dtype"]:
+            raise CheckpointError(f"{where}: key dtype mismatch: the live table has {kd} keys, "
+                                  f"the checkpoint has {e['key_dtype']} keys")
+        config, opt = t.describe()
+        vd = str(config.get("value_dtype", "float32"))
+        if vd != e["value_dtype"]:
+            raise CheckpointError(f"{where}: value dtype mismatch: the live table has {vd}, the "
+                                  f"checkpoint has {e['value_dtype']}")
+        cap = int(config.get("capacity", 0))
+        if cap and job.counts[j] > cap:
+            raise CheckpointError(f"{where}: {job.counts[j]} checkpoint rows go to a shard of "
+                                  f"capacity {cap}; they would be evicted")
+        if e["optimizer"] is not None and opt != e["optimizer"]:
+            job.set_optimizer.append(t)
+
+
+def _validate_optimizer(job: _Job, table_cls) -> None:
+    """Attaching the saved optimizer must work before any live table is touched."""
+    e = job.entry
+    try:
+        scratch = table_cls(dim=e["dim"], key_dtype=e["key_dtype"], optimizer=e["optimizer"])
+    except Exception as exc:
+        raise CheckpointError(f"table {job.name!r}: cannot attach the saved optimizer "
+                              f"{e['optimizer']!r}: {exc}") from exc
+    try:
+        if list(scratch.slot_names) != e["slot_names"]:
+            raise CheckpointError(f"table {job.name!r}: the saved optimizer has slots "
+                                  f"{scratch.slot_names}, the checkpoint stores {e['slot_names']}")
+    finally:
+        scratch.destroy()
+
+
+def _open_and_check(job: _Job, root: str) -> None:
+    e = job.entry
+    want = _expected_tensors(e)
+    for j, s in enumerate(e["shards"]):
+        label = f"table {job.name!r} shard {j}"
+        if set(s["tensors"]) != set(want):
+            raise CheckpointError(f"{label}: tensors {sorted(s['tensors'])}, expected "
+                                  f"{sorted(want)}")
+        for tname, (code, dim) in want.items():
+            shape = [s["rows"]] if dim is None else [s["rows"], dim]
+            t = s["tensors"][tname]
+            if t["dtype"] != code or t["shape"] != shape:
+                raise CheckpointError(f"{label}: tensor {tname!r} is {t['dtype']} {t['shape']}, "
+                                      f"expected {code} {shape}")
+        job.readers.append(Reader(os.path.join(root, s["file"]), s, label))
+
+
+def _verify_all(jobs: list, partitioner, pool: ThreadPoolExecutor) -> None:
+    """Streams every tensor of every shard file through CRC-32, in segments spread over the
+    pool's threads, and counts how many rows each live shard will receive."""
+    local = threading.local()
+    route_lock = threading.Lock()
+    tasks = []
+    for job in jobs:
+        key_np = np.dtype(job.entry["key_dtype"])
+        for r in job.readers:
+            for tname, lo, hi in r.segments(_SEGMENT_BYTES):
+                tasks.append((job, r, tname, lo, hi, key_np))
+
+    def run(task):
+        job, r, tname, lo, hi, key_np = task
+        buf = getattr(local, "buffer", None)
+        if buf is None:
+            buf = local.buffer = bytearray(_VERIFY_BUFFER)
+        counts = np.zeros(job.num_live, np.int64)
+
+        def on_chunk(name, chunk):
+            keys = np.frombuffer(chunk, key_np)
+            if job.num_live == 1:
+                counts[0] += len(keys)
+            else:
+                with route_lock:  # the partitioner is user code: one call at a time
+                    sid = _route(partitioner, keys, job.num_live, job.name)
+                counts[:] += np.bincount(sid, minlength=job.num_live)
+
+        crc = r.crc_range(tname, lo, hi, buf, on_chunk if tname == "keys" else None)
+        return crc, counts
+
+    results = list(pool.map(run, tasks))
+    crcs: dict = {}
+    for (job, r, tname, lo, hi, _), (crc, counts) in zip(tasks, results):
+        prev = crcs.get((id(r), tname), 0)
+        crcs[(id(r), tname)] = crc32_combine(prev, crc, hi - lo)
+        job.counts += counts
+    for job in jobs:
+        for r in job.readers:
+            for tname in r.entry["tensors"]:
+                r.check_crc(tname, crcs.get((id(r), tname), 0))
+
+
+def _read_page(r: Reader, e: dict, row0: int, m: int) -> dict:
+    dim = e["dim"]
+    ns = len(e["slot_names"])
+    page = {"keys": np.empty(m, np.dtype(e["key_dtype"])),
+            "values": np.empty((m, dim), np.float32),
+            "last_update": np.empty(m, np.int64), "update_count": np.empty(m, np.int64),
+            "slots": None}
+    for name in ("keys", "values", "last_update", "update_count"):
+        r.read(name, row0, page[name])
+    if ns:
+        slots = np.empty((m, ns, dim), np.float32)
+        col = np.empty((m, dim), np.float32)
+        for k, sname in enumerate(e["slot_names"]):
+            r.read(SLOT_PREFIX + sname, row0, col)
+            slots[:, k, :] = col
+        page["slots"] = slots
+    return page
+
+
+def _import(job: _Job, partitioner, pool: ThreadPoolExecutor) -> None:
+    """Reads the shard files page by page (the next page is read by a worker thread while the
+    current one is imported) and imports each row into the live shard the partitioner names."""
+    e = job.entry
+    key_np = np.dtype(e["key_dtype"])
+    row_bytes = 4 * e["dim"] * (1 + len(e["slot_names"])) + 16 + key_np.itemsize
+    rows_per_page = max(1, PAGE_BYTES // row_bytes)
+    work = [(r, row0, min(rows_per_page, s["rows"] - row0))
+            for r, s in zip(job.readers, e["shards"]) for row0 in range(0, s["rows"], rows_per_page)]
+    nxt = pool.submit(lambda w: _read_page(w[0], e, w[1], w[2]), work[0]) if work else None
+    for i in range(len(work)):
+        page = nxt.result()
+        nxt = pool.submit(lambda w: _read_page(w[0], e, w[1], w[2]), work[i + 1]) \
+            if i + 1 < len(work) else None
+        try:
+            _import_page(job, partitioner, page)
+        except BaseException:
+            if nxt is not None:
+                nxt.exception()
+            raise
+
+
+def _import_page(job: _Job, partitioner, page: dict) -> None:
+    keys, values, slots = page["keys"], page["values"], page["slots"]
+    last, count = page["last_update"], page["update_count"]
+    if job.num_live == 1:
+        job.live[0].import_rows(keys, values, slots, last, count)
+        return
+    sid = _route(partitioner, keys, job.num_live, job.name)
+    order = np.argsort(sid, kind="stable")
+    bounds = np.concatenate([[0], np.cumsum(np.bincount(sid, minlength=job.num_live))])
+    keys, values, last, count = keys[order], values[order], last[order], count[order]
+    if slots is not None:
+        slots = slots[order]
+    for k, t in enumerate(job.live):
+        a, b = bounds[k], bounds[k + 1]
+        if a < b:
+            t.import_rows(keys[a:b], values[a:b], None if slots is None else slots[a:b],
+                          last[a:b], count[a:b])
+
+
+def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
+    from dualemb.core.checkpoint import Checkpoint  # noqa: avoid an import cycle
+    from dualemb.core.table import Table
+
+    path = _fs.normalize(path)
+    root = _fs.resolve(path)
+    manifest = read_manifest_at(root)
+    entries = {t["name"]: t for t in manifest["tables"]}
+    if tables is not None and not isinstance(tables, Mapping):
+        raise TypeError(f"tables must be a mapping name -> Table (or list of shards), got "
+                        f"{type(tables).__name__}")
+    if names is not None:
+        if isinstance(names, str):
+            names = [names]
+        selected = list(dict.fromkeys(names))
+    elif tables is not None:
+        selected = list(tables)
+    else:
+        selected = list(entries)
+    missing = [n for n in selected if n not in entries]
+    if missing:
+        raise CheckpointError(f"tables {missing} are not in the checkpoint at {root} (it has "
+                              f"{sorted(entries)})")
+    if num_shards is not None and (isinstance(num_shards, bool) or
+                                   not isinstance(num_shards, (int, np.integer))
+                                   or num_shards < 1):
+        raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
+    partitioner = partitioner or _default_partitioner
+
+    jobs: list[_Job] = []
+    created: list = []
+    try:
+        # ---- phase 1: verify everything; nothing live is modified ------------------------------
+        for name in selected:
+            e = entries[name]
+            live_value = tables.get(name) if tables is not None else None
+            if live_value is not None:
+                live = _shards_of(name, live_value)
+                single = not isinstance(live_value, (list, tuple))
+                job = _Job(name, e, live, len(live), single)
+            else:
+                n = int(num_shards or 1)
+                job = _Job(name, e, None, n, num_shards is None or num_shards == 1)
+            jobs.append(job)
+            _verify(job, root, partitioner)
+            if job.live is not None:
+                _check_live(job)
+                if job.set_optimizer:
+                    _validate_optimizer(job, Table)
+            elif int(e.get("capacity") or 0):
+                cap = int(e["capacity"])
+                if int(job.counts.max()) > cap:
+                    raise CheckpointError(f"table {name!r}: {int(job.counts.max())} rows go to one "
+                                          f"new shard of capacity {cap}")
+        dense = load_dense_at(root, manifest)
+        for job in jobs:
+            if job.live is None:
+                e = job.entry
+                job.live = []
+                for _ in range(job.num_live):
+                    kwargs = {}
+                    if e.get("capacity"):
+                        kwargs = {"capacity": int(e["capacity"]),
+                                  "evict_policy": e.get("evict_policy", "recency")}
+                    try:
+                        t = Table(dim=e["dim"], key_dtype=e["key_dtype"],
+                                  value_dtype=e["value_dtype"], initializer=e["initializer"],
+                                  optimizer=e["optimizer"], name=job.name, **kwargs)
+                    except Exception as exc:
+                        raise CheckpointError(f"table {job.name!r}: cannot create it from the "
+                                              f"manifest: {exc}") from exc
+                    created.append(t)
+                    job.live.append(t)
+                if list(job.live[0].slot_names) != e["slot_names"]:
+                    raise CheckpointError(f"table {job.name!r}: the saved optimizer has slots "
+                                          f"{job.live[0].slot_names}, the checkpoint stores "
+                                          f"{e['slot_names']}")
+    except BaseException:
+        for job in jobs:
+            job.close()
+        for t in created:
+            t.destroy()
+        raise
+
+    # ---- phase 2: replace the live tables' contents ---------------------------------------------
+    try:
+        for job in jobs:
+            for t in job.set_optimizer:
+                t.set_optimizer(job.entry["optimizer"])
+            for t, c in zip(job.live, job.counts):
+                t.clear()
+                if c:
+                    t.reserve(int(c))
+            _import(job, partitioner)
+            for t in job.live:
+                if job.clock > t.clock:
+                    t.clock = job.clock
+            total = sum(int(t.size()) for t in job.live)
+            if total != job.entry["rows"]:
+                warnings.warn(f"table {job.name!r}: restored {total} rows of "
+                              f"{job.entry['rows']} saved (duplicate keys across saved shards?)",
+                              RuntimeWarning, stacklevel=2)
+    finally:
+        for job in jobs:
+            job.close()
+
+    out_tables = {job.name: (job.live[0] if job.single else list(job.live)) for job in jobs}
+    if tables is not None:
+        for job in jobs:
+            if job.name in tables and tables[job.name] is not None:
+                out_tables[job.name] = tables[job.name]
+    return Checkpoint(path=root, manifest=manifest, tables=out_tables,
+                      steps={job.name: job.entry["step"] for job in jobs},
+                      dense=dense, metadata=manifest.get("metadata", {}))

@@ -1,0 +1,123 @@
+"""The XLA FFI custom calls of ``dualemb._jax_ffi``, one thin wrapper each.
+
+Importing this module registers the handlers for the CPU platform (a CUDA registration comes with
+the GPU table: add it to ``_PLATFORMS`` with the CUDA module's capsules).
+
+Wrappers only shape arguments; validation happens one level up (``dualemb.jax.ops``) so that bad
+input raises at trace time. Conventions (see ``csrc/jax/ffi_common.h``):
+
+* ``version`` is the table's int32 version token. Every call takes it; mutating calls
+  (``has_side_effect=True``) return ``version + 1``. Passing the token along is what orders the
+  calls: XLA keeps side-effecting custom calls alive but not in program order.
+* ``keys`` is an int64 or int32 array, or uint32 pairs ``[..., 2]`` (int64 ids in 32-bit mode);
+  ``shape`` is the ids' logical shape (without the pair axis).
+* ``vmap_method="expand_dims"``: under ``jax.vmap`` the whole batch goes to one call.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dualemb._native import load_extension
+
+_ext = load_extension("_jax_ffi")
+_PLATFORMS = ("cpu",)
+
+
+def _register() -> None:
+    for name, capsule in _ext.registrations().items():
+        for platform in _PLATFORMS:
+            jax.ffi.register_ffi_target(name, capsule, platform=platform)
+
+
+_register()
+
+_VMAP = "expand_dims"
+_f32 = jnp.float32
+_i32 = jnp.int32
+
+
+def _sds(shape, dtype):
+    return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+
+def _tid(table_id: int):
+    return np.int64(table_id)
+
+
+def find(table_id, dim, version, keys, shape):
+    """(rows [shape + (dim,)], exists [shape]) — reads only."""
+    return jax.ffi.ffi_call(
+        "dualemb_find", (_sds(shape + (dim,), _f32), _sds(shape, jnp.bool_)),
+        vmap_method=_VMAP)(version, keys, table_id=_tid(table_id))
+
+
+def find_or_insert(table_id, dim, version, keys, shape):
+    """(next version, rows, exists); missing keys are inserted with their initializer row."""
+    return jax.ffi.ffi_call(
+        "dualemb_find_or_insert",
+        (_sds(jnp.shape(version), _i32), _sds(shape + (dim,), _f32), _sds(shape, jnp.bool_)),
+        has_side_effect=True, vmap_method=_VMAP)(version, keys, table_id=_tid(table_id))
+
+
+def insert_or_assign(table_id, version, keys, values, mask=None):
+    """Next version; writes rows (where ``mask`` is true, if given)."""
+    out = _sds(jnp.shape(version), _i32)
+    if mask is None:
+        return jax.ffi.ffi_call("dualemb_insert_or_assign", out, has_side_effect=True,
+                                vmap_method=_VMAP)(version, keys, values,
+                                                   table_id=_tid(table_id))
+    return jax.ffi.ffi_call("dualemb_insert_masked", out, has_side_effect=True,
+                            vmap_method=_VMAP)(version, keys, values, mask,
+                                               table_id=_tid(table_id))
+
+
+def accum(table_id, version, keys, deltas, exists):
+    """Next version; TFRA's accum rule."""
+    return jax.ffi.ffi_call("dualemb_accum", _sds(jnp.shape(version), _i32),
+                            has_side_effect=True, vmap_method=_VMAP)(
+        version, keys, deltas, exists, table_id=_tid(table_id))
+
+
+def erase(table_id, version, keys):
+    """Next version; removes keys."""
+    return jax.ffi.ffi_call("dualemb_erase", _sds(jnp.shape(version), _i32),
+                            has_side_effect=True, vmap_method=_VMAP)(
+        version, keys, table_id=_tid(table_id))
+
+
+def apply_gradients(table_id, version, keys, grads, lr, step):
+    """Next version; one fused optimizer step with learning rate ``lr`` and 1-based ``step``."""
+    return jax.ffi.ffi_call("dualemb_apply_gradients", _sds(jnp.shape(version), _i32),
+                            has_side_effect=True, vmap_method=_VMAP)(
+        version, keys, grads, jnp.asarray(lr, _f32), jnp.asarray(step, _i32),
+        table_id=_tid(table_id))
+
+
+def size(table_id, version):
+    """Number of keys (int64 with jax_enable_x64, else int32 saturated at 2**31-1)."""
+    dtype = jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
+    return jax.ffi.ffi_call("dualemb_size", _sds((), dtype), vmap_method=_VMAP)(
+        version, table_id=_tid(table_id))
+
+
+def export(table_id, dim, num_slots, version, offset, limit, key_layout):
+    """(keys, values [limit, dim], slots [limit, num_slots, dim], count): a page of rows.
+
+    ``key_layout`` is ``(shape, dtype)`` of the keys result: ``((limit,), int64|int32)`` or
+    ``((limit, 2), uint32)`` for pairs."""
+    kshape, kdtype = key_layout
+    return jax.ffi.ffi_call(
+        "dualemb_export",
+        (_sds(kshape, kdtype), _sds((limit, dim), _f32), _sds((limit, num_slots, dim), _f32),
+         _sds((), _i32)),
+        vmap_method=_VMAP)(version, jnp.asarray(offset, _i32), table_id=_tid(table_id))
+
+
+def unique(keys, n):
+    """(unique keys padded to n with the first key, inverse [n] int32, count int32)."""
+    return jax.ffi.ffi_call(
+        "dualemb_unique", (_sds(keys.shape, keys.dtype), _sds((n,), _i32), _sds((), _i32)),
+        vmap_method="sequential")(keys)
