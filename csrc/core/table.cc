@@ -193,6 +193,36 @@ void Table::for_each_shard(const Grouping& g, Fn&& fn) {
   parallel_for(kNumShards, total < kParallelMin ? 1 : threads(), task);
 }
 
+template <class Fn>
+void Table::for_each_key(const Grouping& g, const int64_t* keys, Fn&& fn) {
+  // Blocks of kBlock keys: prefetch their index slots, probe and prefetch their rows, then run
+  // fn. A key missing at probe time is probed again right before fn, since an earlier key of
+  // the same block may have inserted it.
+  constexpr int kBlock = 16;
+  const size_t row_bytes = sizeof(float) * width();
+  for_each_shard(g, [&](int si) {
+    Shard& s = *shards_[si];
+    int64_t r[kBlock];
+    const int64_t end = g.start[si + 1];
+    for (int64_t b = g.start[si]; b < end; b += kBlock) {
+      const int m = static_cast<int>(std::min<int64_t>(kBlock, end - b));
+      for (int j = 0; j < m; ++j) s.index.prefetch(g.hashes[g.order[b + j]]);
+      for (int j = 0; j < m; ++j) {
+        const int64_t i = g.order[b + j];
+        r[j] = s.index.find(keys[i], g.hashes[i]);
+        if (r[j] >= 0) {
+          const char* p = reinterpret_cast<const char*>(s.rows.row(r[j]));
+          for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 1);
+        }
+      }
+      for (int j = 0; j < m; ++j) {
+        const int64_t i = g.order[b + j];
+        fn(si, s, i, g.hashes[i], r[j] >= 0 ? r[j] : s.index.find(keys[i], g.hashes[i]));
+      }
+    }
+  });
+}
+
 int64_t Table::insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp) {
   int64_t r = s.rows.push_back();
   if (r >= static_cast<int64_t>(KeyIndex::kEmpty))
@@ -270,18 +300,13 @@ int64_t Table::find_or_insert(const int64_t* keys, int64_t n, float* values, uin
   const int64_t stamp = ++clock_;
   Grouping g;
   group_by_shard(keys, n, &g);
-  for_each_shard(g, [&](int si) {
-    Shard& s = *shards_[si];
-    for (int64_t p = g.start[si]; p < g.start[si + 1]; ++p) {
-      int64_t i = g.order[p];
-      int64_t r = s.index.find(keys[i], g.hashes[i]);
-      if (exists) exists[i] = r >= 0;
-      if (r < 0) {
-        r = insert_new(s, keys[i], g.hashes[i], stamp);
-        init_.fill(static_cast<uint64_t>(keys[i]), s.rows.row(r));
-      }
-      std::memcpy(values + i * dim_, s.rows.row(r), sizeof(float) * dim_);
+  for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
+    if (exists) exists[i] = r >= 0;
+    if (r < 0) {
+      r = insert_new(s, keys[i], h, stamp);
+      init_.fill(static_cast<uint64_t>(keys[i]), s.rows.row(r));
     }
+    std::memcpy(values + i * dim_, s.rows.row(r), sizeof(float) * dim_);
   });
   return enforce_capacity();
 }
@@ -291,16 +316,11 @@ int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const float* val
   const int64_t stamp = ++clock_;
   Grouping g;
   group_by_shard(keys, n, &g);
-  for_each_shard(g, [&](int si) {
-    Shard& s = *shards_[si];
-    for (int64_t p = g.start[si]; p < g.start[si + 1]; ++p) {
-      int64_t i = g.order[p];
-      int64_t r = s.index.find(keys[i], g.hashes[i]);
-      if (r < 0) r = insert_new(s, keys[i], g.hashes[i], stamp);
-      std::memcpy(s.rows.row(r), values + i * dim_, sizeof(float) * dim_);
-      s.rows.last_update(r) = stamp;
-      ++s.rows.count(r);
-    }
+  for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
+    if (r < 0) r = insert_new(s, keys[i], h, stamp);
+    std::memcpy(s.rows.row(r), values + i * dim_, sizeof(float) * dim_);
+    s.rows.last_update(r) = stamp;
+    ++s.rows.count(r);
   });
   return enforce_capacity();
 }
@@ -310,24 +330,19 @@ int64_t Table::accum(const int64_t* keys, int64_t n, const float* deltas, const 
   const int64_t stamp = ++clock_;
   Grouping g;
   group_by_shard(keys, n, &g);
-  for_each_shard(g, [&](int si) {
-    Shard& s = *shards_[si];
-    for (int64_t p = g.start[si]; p < g.start[si + 1]; ++p) {
-      int64_t i = g.order[p];
-      int64_t r = s.index.find(keys[i], g.hashes[i]);
-      const float* d = deltas + i * dim_;
-      if (r < 0 && !exists[i]) {
-        r = insert_new(s, keys[i], g.hashes[i], stamp);
-        std::memcpy(s.rows.row(r), d, sizeof(float) * dim_);
-      } else if (r >= 0 && exists[i]) {
-        float* row = s.rows.row(r);
-        for (int64_t j = 0; j < dim_; ++j) row[j] += d[j];
-      } else {
-        continue;
-      }
-      s.rows.last_update(r) = stamp;
-      ++s.rows.count(r);
+  for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
+    const float* d = deltas + i * dim_;
+    if (r < 0 && !exists[i]) {
+      r = insert_new(s, keys[i], h, stamp);
+      std::memcpy(s.rows.row(r), d, sizeof(float) * dim_);
+    } else if (r >= 0 && exists[i]) {
+      float* row = s.rows.row(r);
+      for (int64_t j = 0; j < dim_; ++j) row[j] += d[j];
+    } else {
+      return;
     }
+    s.rows.last_update(r) = stamp;
+    ++s.rows.count(r);
   });
   return enforce_capacity();
 }
@@ -386,37 +401,54 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
   const Optimizer& opt = *optimizer_;
   Grouping g;
   group_by_shard(keys, n, &g);
+  // Per shard: the distinct keys' rows and gradients. A gradient is read in place unless its key
+  // repeats, in which case the sum is built in `summed`.
+  struct Work {
+    std::unique_ptr<DedupMap> dedup;
+    std::vector<int64_t> rows;
+    std::vector<const float*> grad;
+    std::vector<int64_t> sum_at;  // offset in `summed`, or -1
+    std::vector<float> summed;
+  };
+  std::vector<Work> work(kNumShards);
+  for_each_key(g, keys, [&](int si, Shard& s, int64_t i, uint64_t h, int64_t r) {
+    Work& w = work[si];
+    if (!w.dedup) w.dedup.reset(new DedupMap(g.start[si + 1] - g.start[si]));
+    const float* gi = grads + i * dim_;
+    bool fresh = false;
+    const int64_t u = w.dedup->get(keys[i], h, static_cast<int64_t>(w.rows.size()), &fresh);
+    if (fresh) {
+      if (r < 0) {
+        r = insert_new(s, keys[i], h, stamp);
+        init_.fill(static_cast<uint64_t>(keys[i]), s.rows.row(r));
+      }
+      w.rows.push_back(r);
+      w.grad.push_back(gi);
+      w.sum_at.push_back(-1);
+      return;
+    }
+    if (w.sum_at[u] < 0) {
+      w.sum_at[u] = static_cast<int64_t>(w.summed.size());
+      w.summed.insert(w.summed.end(), w.grad[u], w.grad[u] + dim_);
+    }
+    float* acc = w.summed.data() + w.sum_at[u];
+    for (int64_t j = 0; j < dim_; ++j) acc[j] += gi[j];
+  });
+  const size_t row_bytes = sizeof(float) * width();
   for_each_shard(g, [&](int si) {
     Shard& s = *shards_[si];
-    const int64_t m = g.start[si + 1] - g.start[si];
-    DedupMap dedup(m);
-    std::vector<int64_t> rows;
-    std::vector<float> summed;
-    rows.reserve(m);
-    summed.reserve(m * dim_);
-    for (int64_t p = g.start[si]; p < g.start[si + 1]; ++p) {
-      int64_t i = g.order[p];
-      bool fresh = false;
-      int64_t u = dedup.get(keys[i], g.hashes[i], static_cast<int64_t>(rows.size()), &fresh);
-      const float* gi = grads + i * dim_;
-      if (fresh) {
-        int64_t r = s.index.find(keys[i], g.hashes[i]);
-        if (r < 0) {
-          r = insert_new(s, keys[i], g.hashes[i], stamp);
-          init_.fill(static_cast<uint64_t>(keys[i]), s.rows.row(r));
-        }
-        rows.push_back(r);
-        summed.insert(summed.end(), gi, gi + dim_);
-      } else {
-        float* acc = summed.data() + u * dim_;
-        for (int64_t j = 0; j < dim_; ++j) acc[j] += gi[j];
+    Work& w = work[si];
+    constexpr size_t kAhead = 4;
+    for (size_t u = 0; u < w.rows.size(); ++u) {
+      if (u + kAhead < w.rows.size()) {
+        const char* p = reinterpret_cast<const char*>(s.rows.row(w.rows[u + kAhead]));
+        for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 1);
       }
-    }
-    for (size_t u = 0; u < rows.size(); ++u) {
-      float* row = s.rows.row(rows[u]);
-      opt.apply(row, row + dim_, summed.data() + u * dim_, dim_, args);
-      s.rows.last_update(rows[u]) = stamp;
-      ++s.rows.count(rows[u]);
+      float* row = s.rows.row(w.rows[u]);
+      const float* gu = w.sum_at[u] < 0 ? w.grad[u] : w.summed.data() + w.sum_at[u];
+      opt.apply(row, row + dim_, gu, dim_, args);
+      s.rows.last_update(w.rows[u]) = stamp;
+      ++s.rows.count(w.rows[u]);
     }
   });
   return enforce_capacity();
@@ -527,18 +559,13 @@ int64_t Table::import_rows(const int64_t* keys, int64_t n, const float* values,
   const int64_t ns = num_slots();
   Grouping g;
   group_by_shard(keys, n, &g);
-  for_each_shard(g, [&](int si) {
-    Shard& s = *shards_[si];
-    for (int64_t p = g.start[si]; p < g.start[si + 1]; ++p) {
-      int64_t i = g.order[p];
-      int64_t r = s.index.find(keys[i], g.hashes[i]);
-      if (r < 0) r = insert_new(s, keys[i], g.hashes[i], stamp);
-      float* row = s.rows.row(r);
-      std::memcpy(row, values + i * dim_, sizeof(float) * dim_);
-      if (slots && ns) std::memcpy(row + dim_, slots + i * ns * dim_, sizeof(float) * ns * dim_);
-      s.rows.last_update(r) = last_update ? last_update[i] : stamp;
-      s.rows.count(r) = update_count ? static_cast<uint32_t>(update_count[i]) : 0;
-    }
+  for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
+    if (r < 0) r = insert_new(s, keys[i], h, stamp);
+    float* row = s.rows.row(r);
+    std::memcpy(row, values + i * dim_, sizeof(float) * dim_);
+    if (slots && ns) std::memcpy(row + dim_, slots + i * ns * dim_, sizeof(float) * ns * dim_);
+    s.rows.last_update(r) = last_update ? last_update[i] : stamp;
+    s.rows.count(r) = update_count ? static_cast<uint32_t>(update_count[i]) : 0;
   });
   if (last_update) {
     // Keep the clock ahead of every imported stamp so recency stays meaningful.

@@ -78,6 +78,10 @@ class Table {
   // Runs fn(shard index) for every shard that has keys in g, in parallel.
   template <class Fn>
   void for_each_shard(const Grouping& g, Fn&& fn);
+  // Runs fn(shard index, shard, batch position i, hash, row or -1) for every key, shards in
+  // parallel, batch order within a shard, with prefetching. fn may insert rows, not erase them.
+  template <class Fn>
+  void for_each_key(const Grouping& g, const int64_t* keys, Fn&& fn);
 
   // Inserts a new row for key (hash h) in shard s with its initial value and slots.
   int64_t insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp);

@@ -4,7 +4,10 @@
 #include <vector>
 
 #include "common.h"
-#include "tensorflow/core/public/release_version.h"
+// The TensorFlow version is passed by tf_ops.cmake (TF 2.21 headers no longer define it).
+#ifndef DUALEMB_TF_VERSION
+#error "DUALEMB_TF_VERSION must be defined by the build (csrc/tf/tf_ops.cmake)"
+#endif
 
 namespace dualemb_tf {
 namespace {
@@ -133,7 +136,7 @@ class BuildInfoOp : public OpKernel {
     Tensor* core_version = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &tf_version));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({}), &core_version));
-    tf_version->scalar<tstring>()() = TF_VERSION_STRING;
+    tf_version->scalar<tstring>()() = DUALEMB_TF_VERSION;
     core_version->scalar<tstring>()() = de_version();
   }
 };

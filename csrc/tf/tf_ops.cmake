@@ -42,7 +42,8 @@ else()
   add_library(_ops SHARED ${DUALEMB_TF_SOURCES})
   target_include_directories(_ops PRIVATE ${CMAKE_SOURCE_DIR}/csrc/core ${CMAKE_SOURCE_DIR}/csrc/tf)
   # TF's flags (-I..., -D_GLIBCXX_USE_CXX11_ABI=1, --std=c++17, -DEIGEN_MAX_ALIGN_BYTES=64).
-  target_compile_options(_ops PRIVATE ${DUALEMB_TF_CFLAGS} -O2 -Wno-sign-compare
+  target_compile_definitions(_ops PRIVATE DUALEMB_TF_VERSION="${DUALEMB_TF_VERSION}")
+  target_compile_options(_ops PRIVATE ${DUALEMB_TF_CFLAGS} -O2 -Wno-sign-compare -Wno-interference-size
                          -Wno-deprecated-declarations -Wno-unused-parameter -Wno-attributes)
   target_link_libraries(_ops PRIVATE ${DUALEMB_TF_LFLAGS})  # -L<tf> -l:libtensorflow_framework.so.2
   dualemb_link_core(_ops)

@@ -363,8 +363,8 @@ def read_tfra_file_system(dirpath: str, dim: int | None = None, key_dtype="int64
         if not m:
             continue
         flat = m.group("flat")
-        if wanted is not None and flat not in wanted:
-            continue
+        if wanted is not None and not any(flat == w or flat.startswith(w + "_") for w in wanted):
+            continue  # neither a wanted variable nor (possibly) one of its slots
         size = int(m.group("size") or 1)
         rank = int(m.group("rank") or 0)
         sizes_seen.setdefault(flat, set()).add(size)
@@ -416,8 +416,15 @@ def read_tfra_file_system(dirpath: str, dim: int | None = None, key_dtype="int64
         d = dims[flat]
         tables[flat] = {g: (np.fromfile(kp, kd), np.fromfile(vp, vd).reshape(c, d))
                         for g, (kp, vp, c) in shards.items()}
-    display = {f: n for f, n in (wanted or {}).items()}
-    return _assemble(tables, num_shards, "file_system", flat=True, display=display)
+    out = _assemble(tables, num_shards, "file_system", flat=True, display=wanted)
+    if wanted is not None:
+        out = {n: e for n, e in out.items() if n in wanted.values()}
+        # Names of slot variables are returned inside their variable's entry.
+        missing = {n for f, n in wanted.items()
+                   if n not in out and _split_slot(f, set(wanted), flat=True) is None}
+        if missing:
+            raise KeyError(f"no FileSystemSaver files for {sorted(missing)} in {dirpath!r}")
+    return out
 
 
 # ---- loading into dualemb tables -------------------------------------------------------------

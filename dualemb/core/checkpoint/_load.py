@@ -266,6 +266,25 @@ def _import_page(job: _Job, partitioner, page: dict) -> None:
                           last[a:b], count[a:b])
 
 
+def _new_table(table_cls, job: _Job):
+    e = job.entry
+    kwargs = {}
+    if e.get("capacity"):
+        kwargs = {"capacity": int(e["capacity"]), "evict_policy": e.get("evict_policy", "recency")}
+    try:
+        t = table_cls(dim=e["dim"], key_dtype=e["key_dtype"], value_dtype=e["value_dtype"],
+                      initializer=e["initializer"], optimizer=e["optimizer"], name=job.name,
+                      **kwargs)
+    except Exception as exc:
+        raise CheckpointError(f"table {job.name!r}: cannot create it from the manifest: "
+                              f"{exc}") from exc
+    if list(t.slot_names) != e["slot_names"]:
+        t.destroy()
+        raise CheckpointError(f"table {job.name!r}: the saved optimizer has slots "
+                              f"{t.slot_names}, the checkpoint stores {e['slot_names']}")
+    return t
+
+
 def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
     from dualemb.core.checkpoint import Checkpoint  # noqa: avoid an import cycle
     from dualemb.core.table import Table
@@ -297,61 +316,39 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
 
     jobs: list[_Job] = []
     created: list = []
+    pool = ThreadPoolExecutor(_workers(), thread_name_prefix="dualemb-ckpt")
     try:
-        # ---- phase 1: verify everything; nothing live is modified ------------------------------
+        # ---- phase 1: verify everything; no live table is modified -----------------------------
         for name in selected:
             e = entries[name]
             live_value = tables.get(name) if tables is not None else None
             if live_value is not None:
                 live = _shards_of(name, live_value)
-                single = not isinstance(live_value, (list, tuple))
-                job = _Job(name, e, live, len(live), single)
+                job = _Job(name, e, live, len(live),
+                           single=not isinstance(live_value, (list, tuple)))
             else:
                 n = int(num_shards or 1)
-                job = _Job(name, e, None, n, num_shards is None or num_shards == 1)
+                job = _Job(name, e, None, n, single=num_shards is None)
             jobs.append(job)
-            _verify(job, root, partitioner)
+            _open_and_check(job, root)
+        dense = load_dense_at(root, manifest)
+        _verify_all(jobs, partitioner, pool)
+        for job in jobs:
             if job.live is not None:
                 _check_live(job)
                 if job.set_optimizer:
                     _validate_optimizer(job, Table)
-            elif int(e.get("capacity") or 0):
-                cap = int(e["capacity"])
-                if int(job.counts.max()) > cap:
-                    raise CheckpointError(f"table {name!r}: {int(job.counts.max())} rows go to one "
-                                          f"new shard of capacity {cap}")
-        dense = load_dense_at(root, manifest)
+                continue
+            cap = int(job.entry.get("capacity") or 0)
+            if cap and int(job.counts.max()) > cap:
+                raise CheckpointError(f"table {job.name!r}: {int(job.counts.max())} rows go to "
+                                      f"one new shard of capacity {cap}; they would be evicted")
         for job in jobs:
             if job.live is None:
-                e = job.entry
-                job.live = []
-                for _ in range(job.num_live):
-                    kwargs = {}
-                    if e.get("capacity"):
-                        kwargs = {"capacity": int(e["capacity"]),
-                                  "evict_policy": e.get("evict_policy", "recency")}
-                    try:
-                        t = Table(dim=e["dim"], key_dtype=e["key_dtype"],
-                                  value_dtype=e["value_dtype"], initializer=e["initializer"],
-                                  optimizer=e["optimizer"], name=job.name, **kwargs)
-                    except Exception as exc:
-                        raise CheckpointError(f"table {job.name!r}: cannot create it from the "
-                                              f"manifest: {exc}") from exc
-                    created.append(t)
-                    job.live.append(t)
-                if list(job.live[0].slot_names) != e["slot_names"]:
-                    raise CheckpointError(f"table {job.name!r}: the saved optimizer has slots "
-                                          f"{job.live[0].slot_names}, the checkpoint stores "
-                                          f"{e['slot_names']}")
-    except BaseException:
-        for job in jobs:
-            job.close()
-        for t in created:
-            t.destroy()
-        raise
+                job.live = [_new_table(Table, job) for _ in range(job.num_live)]
+                created.extend(job.live)
 
-    # ---- phase 2: replace the live tables' contents ---------------------------------------------
-    try:
+        # ---- phase 2: replace the live tables' contents -----------------------------------------
         for job in jobs:
             for t in job.set_optimizer:
                 t.set_optimizer(job.entry["optimizer"])
@@ -359,7 +356,7 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
                 t.clear()
                 if c:
                     t.reserve(int(c))
-            _import(job, partitioner)
+            _import(job, partitioner, pool)
             for t in job.live:
                 if job.clock > t.clock:
                     t.clock = job.clock
@@ -368,7 +365,12 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
                 warnings.warn(f"table {job.name!r}: restored {total} rows of "
                               f"{job.entry['rows']} saved (duplicate keys across saved shards?)",
                               RuntimeWarning, stacklevel=2)
+    except BaseException:
+        for t in created:
+            t.destroy()
+        raise
     finally:
+        pool.shutdown(wait=True)
         for job in jobs:
             job.close()
 

@@ -1,0 +1,47 @@
+"""dualemb.jax: dynamic embedding tables for JAX — a functional API over XLA FFI custom calls.
+
+A table is a small pytree (:class:`Table`: static id, dim, key dtype and optimizer; a version
+token and a step count). Reads return values; writes return the next table, and passing that
+table on is what orders the side-effecting calls::
+
+    import dualemb.jax as dej
+    table = dej.create(dim=16, initializer=dej.initializers.normal(0.0, 0.01, seed=0),
+                       optimizer=dej.optimizers.adam(1e-3))
+
+    @jax.jit
+    def step(table, params, ids, y):
+        rows = dej.lookup(table, ids)                        # ids.shape + (16,)
+        loss, (g_params, g_rows) = jax.value_and_grad(loss_fn, argnums=(0, 1))(params, rows, y)
+        table = dej.apply_gradients(table, ids, g_rows)      # fused Adam in the core
+        return table, params - 0.1 * g_params, loss
+
+Works under ``jit``, ``grad``, ``vmap`` (reads), ``lax.scan``/``fori_loop`` and with several
+tables in one step. int64 ids in JAX's default 32-bit mode: see :mod:`dualemb.jax.ids`.
+Importing this module registers the FFI targets for the CPU platform.
+"""
+
+from dualemb.jax import _ffi  # noqa: F401  (registers the FFI targets)
+from dualemb.jax import initializers, optimizers
+from dualemb.jax.ids import Ids, ids
+from dualemb.jax.ops import (accum, after, erase, export, find, find_or_insert, insert, lookup,
+                             size)
+from dualemb.jax.table import Table, attach, block, create, destroy
+from dualemb.jax.train import apply_gradients
+
+__all__ = [
+    "Table", "create", "attach", "destroy", "block",
+    "Ids", "ids",
+    "lookup", "find", "size", "export",
+    "find_or_insert", "insert", "accum", "erase", "after",
+    "apply_gradients",
+    "initializers", "optimizers",
+    "save", "load",
+]
+
+
+def __getattr__(name):
+    # Checkpoints (and their dependency on dualemb.core.checkpoint) load on first use.
+    if name in ("save", "load"):
+        from dualemb.jax import checkpoint
+        return getattr(checkpoint, name)
+    raise AttributeError(f"module 'dualemb.jax' has no attribute {name!r}")

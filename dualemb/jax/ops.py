@@ -1,0 +1,167 @@
+"""The functional table operations. Reads return values; writes return the next table.
+
+Every function checks its arguments at trace time (dtype, shape, known table id) and raises a
+clear exception before anything reaches the core, so bad input leaves the table unchanged.
+``ids`` may have any shape; rows are ``ids.shape + (dim,)``. For what ids may be (int64 in
+32-bit mode, ...) see :mod:`dualemb.jax.ids`.
+
+Ordering: a read sees every write whose returned table it was given. A write given a table
+*before* a read ran may be scheduled before that read (XLA orders only by data); when a write
+must wait for an independent read, thread the read's result into the table with :func:`after`.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from dualemb.jax import _ffi
+from dualemb.jax.ids import key_operand
+from dualemb.jax.table import Table, check_exists
+
+
+def _keys(table: Table, ids):
+    check_exists(table)
+    return key_operand(ids, table.key_dtype)
+
+
+def _rows_arg(table: Table, values, shape, what: str):
+    """values as float32 [shape + (dim,)], or a clear error."""
+    dtype = getattr(values, "dtype", None)
+    if dtype is None:
+        values = np.asarray(values)
+        dtype = values.dtype
+    if not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"{what} must be floating point, got dtype {dtype}")
+    want = tuple(shape) + (table.dim,)
+    if tuple(jnp.shape(values)) != want:
+        raise ValueError(
+            f"{what} have shape {tuple(jnp.shape(values))}, expected ids.shape + (dim,) = {want}")
+    return jnp.asarray(values, jnp.float32)
+
+
+# ---- reads ----------------------------------------------------------------------------------
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _lookup(table: Table, keys, shape: tuple):
+    rows, _ = _ffi.find(table.id, table.dim, table.version, keys, shape)
+    return rows
+
+
+def _lookup_fwd(table, keys, shape):
+    return _lookup(table, keys, shape), None
+
+
+def _lookup_bwd(shape, _, g):
+    return None, None
+
+
+_lookup.defvjp(_lookup_fwd, _lookup_bwd)
+
+
+def lookup(table: Table, ids) -> jax.Array:
+    """Rows of ``ids`` (``ids.shape + (dim,)``); the table is not changed.
+
+    Missing ids read as their initializer row and are not inserted (``apply_gradients`` inserts
+    them when they are trained). Differentiable: a ``custom_vjp`` treats the rows as a leaf of
+    the computation, so ``jax.grad`` taken with respect to the rows gives per-row gradients
+    (one per position of ``ids``; ``apply_gradients`` sums those of duplicate ids). The table
+    itself gets no cotangent (``None``), so a table inside a differentiated pytree is fine.
+    """
+    keys, shape = _keys(table, ids)
+    return _lookup(table, keys, tuple(shape))
+
+
+def find(table: Table, ids) -> tuple[jax.Array, jax.Array]:
+    """(rows, exists): like :func:`lookup`, plus whether each id is in the table."""
+    keys, shape = _keys(table, ids)
+    return _ffi.find(table.id, table.dim, table.version, keys, tuple(shape))
+
+
+def size(table: Table) -> jax.Array:
+    """Number of ids in the table (int32 in JAX's 32-bit mode, saturating at 2**31-1)."""
+    check_exists(table)
+    return _ffi.size(table.id, table.version)
+
+
+def export(table: Table, limit: int, offset=0, *, with_slots: bool = False):
+    """A page of the table: rows [offset, offset + limit) of its iteration order (stable while
+    the table is not written).
+
+    Returns ``(ids, values [limit, dim], count)`` — or with ``with_slots`` ``(ids, values,
+    slots [limit, num_slots, dim], count)`` — where only the first ``count`` entries are
+    valid (the rest are zeros). ``ids`` are int64 (x64), int32 (int32 tables), or an
+    :class:`~dualemb.jax.ids.Ids`. ``limit`` is static; ``offset`` may be traced.
+    """
+    check_exists(table)
+    from dualemb.jax.ids import Ids
+    limit = int(limit)
+    if table.key_dtype == "int32":
+        layout = ((limit,), jnp.int32)
+    elif jax.config.jax_enable_x64:
+        layout = ((limit,), jnp.int64)
+    else:
+        layout = ((limit, 2), jnp.uint32)
+    num_slots = _num_slots(table) if with_slots else 0
+    keys, values, slots, count = _ffi.export(table.id, table.dim, num_slots, table.version,
+                                             offset, limit, layout)
+    if layout[1] == jnp.uint32:
+        keys = Ids(keys)
+    return (keys, values, slots, count) if with_slots else (keys, values, count)
+
+
+def _num_slots(table: Table) -> int:
+    from dualemb.core.table import Table as CoreTable
+    return CoreTable.attach(table.id).num_slots
+
+
+# ---- writes ---------------------------------------------------------------------------------
+
+def find_or_insert(table: Table, ids) -> tuple[jax.Array, jax.Array, Table]:
+    """(rows, exists, table): missing ids are inserted with their initializer row."""
+    keys, shape = _keys(table, ids)
+    version, rows, exists = _ffi.find_or_insert(table.id, table.dim, table.version, keys,
+                                                tuple(shape))
+    return rows, exists, table.replace(version=version)
+
+
+def insert(table: Table, ids, rows) -> Table:
+    """Writes ``rows`` for ``ids`` (insert or overwrite; the last of duplicate ids wins).
+    Optimizer slots of new ids start at their initial values; existing ids keep theirs."""
+    keys, shape = _keys(table, ids)
+    values = _rows_arg(table, rows, shape, "rows")
+    return table.replace(version=_ffi.insert_or_assign(table.id, table.version, keys, values))
+
+
+def accum(table: Table, ids, deltas, exists) -> Table:
+    """TFRA's accum, per id: absent and ``exists`` false -> inserted with its delta; present and
+    ``exists`` true -> ``row += delta``; otherwise nothing (so a read's ``exists`` guards
+    against racing writers)."""
+    keys, shape = _keys(table, ids)
+    values = _rows_arg(table, deltas, shape, "deltas")
+    exists = jnp.asarray(exists)
+    if exists.dtype != jnp.bool_ or tuple(exists.shape) != tuple(shape):
+        raise ValueError(f"exists must be a bool array of shape {tuple(shape)}")
+    return table.replace(version=_ffi.accum(table.id, table.version, keys, values, exists))
+
+
+def erase(table: Table, ids) -> Table:
+    """Removes ``ids`` (and their optimizer slots); absent ids are ignored."""
+    keys, _ = _keys(table, ids)
+    table = table.replace(version=_ffi.erase(table.id, table.version, keys))
+    for tid in table.slot_tables:  # the generic path's state rows go with them
+        from dualemb.jax import generic
+        table = generic.erase_state(table, tid, keys)
+    return table
+
+
+def after(table: Table, *values) -> Table:
+    """The same table, ordered after ``values`` are computed: a write given the result runs
+    after the reads that produced ``values`` (XLA would otherwise be free to run it first)."""
+    if not values:
+        return table
+    version, _ = jax.lax.optimization_barrier((table.version, values))
+    return table.replace(version=version)

@@ -1,0 +1,38 @@
+"""apply_gradients: one optimizer step on the rows of a batch."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from dualemb.jax import _ffi
+from dualemb.jax import optimizers as _opts
+from dualemb.jax.ops import _keys, _rows_arg
+from dualemb.jax.table import Table
+
+
+def apply_gradients(table: Table, ids, grads) -> Table:
+    """One optimizer step on the rows of ``ids``; returns the next table (``step + 1``).
+
+    ``grads`` are per-position gradients, shape ``ids.shape + (dim,)`` (what ``jax.grad`` gives
+    with respect to :func:`~dualemb.jax.lookup`'s rows). Gradients of duplicate ids are summed
+    first; ids not in the table are inserted with their initializer row (and initial optimizer
+    state) and then updated; rows not in the batch are untouched (sparse update, as a dense
+    Optax update whose gradient is zero there would not be: lazy-Adam semantics).
+
+    Fused optimizers run in the core with learning rate ``schedule(table.step)`` and 1-based
+    step ``table.step + 1``, both passed as operands so that schedules work under ``jit``;
+    other Optax transformations take the generic path (:mod:`dualemb.jax.generic`).
+    """
+    opt = table.optimizer
+    if opt is None:
+        raise ValueError(
+            f"table {table.id} has no optimizer: create it with optimizer=... (or attach one)")
+    keys, shape = _keys(table, ids)
+    g = _rows_arg(table, grads, shape, "gradients")
+    if isinstance(opt, _opts.Optimizer):
+        lr = opt.learning_rate_at(table.step)
+        step = table.step + 1
+        version = _ffi.apply_gradients(table.id, table.version, keys, g, lr, step)
+        return table.replace(version=version, step=step)
+    from dualemb.jax import generic
+    return generic.apply(table, keys, tuple(shape), g)
