@@ -11,7 +11,8 @@
 // weight_decay=1e-4, nesterov=False), optax.amsgrad(b1, b2, eps, eps_root, bias_correction_mu=True,
 // bias_correction_nu=True). Slots "mu", "nu" (+ "nu_max" with amsgrad):
 //   mu = (1-b1)*g + b1*mu;  nu = (1-b2)*g*g + b2*nu
-//   mu_hat = mu/(1-b1^t)   [nesterov: b1*(mu/(1-b1^(t+1))) + (1-b1)*(g/(1-b1^t))];  nu_hat = nu/(1-b2^t)
+//   mu_hat = mu/(1-b1^t)   [nesterov: b1*(mu/(1-b1^(t+1))) + (1-b1)*(g/(1-b1^t))]
+//   nu_hat = nu/(1-b2^t)
 //   (XLA evaluates these divisions by a scalar as x * (1/scalar); so does this file)
 //   amsgrad: nu_max = max(nu_max, nu_hat) (optax keeps the max of the *bias-corrected* nu; Keras of
 //   the raw v), nu_hat := nu_max
@@ -121,7 +122,8 @@ class OptaxAdam final : public OptimizerBase {
       amsgrad_ = hp.flag("amsgrad", name == "amsgrad");
       if (name == "amsgrad" && !amsgrad_) hp.fail("name=amsgrad contradicts amsgrad=false");
       if (amsgrad_) {
-        if (nesterov_) hp.fail("nesterov=true cannot be combined with amsgrad=true (optax has no such optimizer)");
+        if (nesterov_)
+          hp.fail("nesterov=true cannot be combined with amsgrad=true (no such optax optimizer)");
         bc_mu_ = hp.flag("bias_correction_mu", true);
         bc_nu_ = hp.flag("bias_correction_nu", true);
       } else if (cfg.has("bias_correction_mu") || cfg.has("bias_correction_nu")) {

@@ -43,8 +43,8 @@ class KerasFtrl final : public OptimizerBase {
   StepArgs prepare(float lr, int64_t step) const override {
     StepArgs a = start(lr, step);
     if (!(lr > 0.f))
-      throw std::invalid_argument("optimizer 'ftrl' (flavor=keras): the learning rate must be > 0, got " +
-                                  format_double(lr));
+      throw std::invalid_argument(
+          "optimizer 'ftrl' (flavor=keras): learning rate must be > 0, got " + format_double(lr));
     const float l2_reg = l2_ + beta_ / (2.f * lr);
     a.c[0] = 2.f * l2_reg;
     return a;

@@ -1,7 +1,7 @@
 // lion.cc — Lion.
 //
-// keras.optimizers.Lion(beta_1=0.9, beta_2=0.99) — slot "momentum" (Keras requires 0 < beta_1 <= 1):
-//   w -= lr*sign(m*beta_1 + g*(1 - beta_1));  m = m*beta_2 + g*(1 - beta_2)    ((1 - beta) in float32)
+// keras.optimizers.Lion(beta_1=0.9, beta_2=0.99) — slot "momentum" (Keras: 0 < beta_1 <= 1):
+//   w -= lr*sign(m*beta_1 + g*(1 - beta_1));  m = m*beta_2 + g*(1 - beta_2)   (1 - beta in float32)
 // optax.lion(lr, b1=0.9, b2=0.99, weight_decay=1e-3) — slot "mu":
 //   u = sign((1-b1)*g + b1*mu);  mu = (1-b2)*g + b2*mu;  u += weight_decay*w;  w += u*(-lr)
 // Note the different default: optax.lion decays weights (1e-3) by default, Keras Lion does not

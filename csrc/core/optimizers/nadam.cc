@@ -3,10 +3,12 @@
 // keras.optimizers.Nadam(beta_1=0.9, beta_2=0.999, epsilon=1e-7) — slots "momentum", "velocity".
 // Keras keeps a float32 variable u_product that each apply() multiplies, before the update, by
 // beta_1 * (1 - 0.5 * 0.96^t). It depends on nothing but t, so it is derived here from the step:
-// U(t) = prod_{s<=t} (U * beta_1) * (1 - 0.5*0.96^s), iterated in float32 exactly like Keras for
+// U(0) = 1, U(s) = (U(s-1) * beta_1) * (1 - 0.5*0.96^s), iterated in float32 exactly like Keras for
 // t <= kTable (precomputed once per optimizer). Past kTable, 0.5*0.96^s < 2^-25, so Keras' factor
-// is float32(beta_1) exactly and U(t) = U(kTable) * beta_1^(t - kTable) (one rounding instead of one
-// per step; U is then < 0.9^1024 for the default beta_1 and only enters as 1 - U, == 1 in float32).
+// is float32(beta_1) exactly and U(t) = U(kTable) * beta_1^(t - kTable), rounded once instead of
+// once per step. U only enters as 1 - U, and U(kTable) <= 9.0e-7 whatever beta_1 is (the product
+// of the (1 - 0.5*0.96^s) factors alone), so the relative difference of ~(t - kTable)*2^-24 in U
+// cannot move 1 - U by an ulp before t is around 500,000 (while U keeps shrinking as beta_1^t).
 //   u_t = beta_1*(1 - 0.5*0.96^t);  u_t1 = beta_1*(1 - 0.5*0.96^(t+1));  U_t1 = U(t)*u_t1
 //   m += (g - m)*(1 - beta_1);  v += (g*g - v)*(1 - beta_2)        ((1 - beta) in float32)
 //   m_hat = (u_t1*m)/(1 - U_t1) + ((1 - u_t)*g)/(1 - U(t));  v_hat = v/(1 - beta_2^t)

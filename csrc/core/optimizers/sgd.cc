@@ -1,8 +1,9 @@
 // sgd.cc — SGD with optional (Nesterov) momentum.
 //
 // keras.optimizers.SGD(momentum, nesterov) — slot "momentum" (only when momentum != 0):
-//   m = m*momentum - g*lr;  nesterov: w += m*momentum - g*lr;  else: w += m      (no momentum: w -= g*lr)
-// optax.sgd(lr, momentum, nesterov) = chain(trace(momentum, nesterov), scale(-lr)) — slot "trace":
+//   m = m*momentum - g*lr;  nesterov: w += m*momentum - g*lr;  else: w += m
+//   (no momentum: w -= g*lr)
+// optax.sgd(lr, momentum, nesterov) = chain(trace(momentum, nesterov), scale(-lr)), slot "trace":
 //   t = g + momentum*t;  u = nesterov ? g + momentum*t : t;  w += u*(-lr)
 // The two differ when lr changes between steps: Keras folds lr into the momentum buffer, Optax
 // scales the trace afterwards. Optax momentum=None is momentum=0 here (no slot; the update is the
