@@ -79,7 +79,7 @@ class KerasAdam final : public OptimizerBase {
 
  private:
   template <bool kAms, bool kDecay>
-  void kernel(float* __restrict w, float* __restrict m, float* __restrict v,
+  DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict m, float* __restrict v,
               float* __restrict vh, const float* __restrict g, int64_t dim, float alpha,
               float lr) const {
     const float omb1 = omb1_, omb2 = omb2_, eps = eps_, wd = wd_;
@@ -170,7 +170,7 @@ class OptaxAdam final : public OptimizerBase {
   };
 
   template <bool kNesterov, bool kAms, bool kDecay>
-  void kernel(float* __restrict w, float* __restrict slots, const float* __restrict g,
+  DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict slots, const float* __restrict g,
               int64_t dim, const Scalars& s) const {
     float* __restrict mu = slots;
     float* __restrict nu = slots + dim;

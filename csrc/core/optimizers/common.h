@@ -25,6 +25,15 @@
 #include "config.h"
 #include "optimizer.h"
 
+// Per-element loops are compiled twice, for AVX2 and for baseline x86-64, and the loader picks
+// one per machine. Both give the same bits: no FMA either way (-ffp-contract=off), and add, mul,
+// div and sqrt are correctly rounded in every instruction set.
+#if defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__)
+#define DUALEMB_SIMD_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define DUALEMB_SIMD_CLONES
+#endif
+
 namespace dualemb {
 namespace optimizers {
 

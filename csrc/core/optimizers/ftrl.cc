@@ -71,7 +71,7 @@ class KerasFtrl final : public OptimizerBase {
   }
 
   template <int kPow>
-  void kernel(float* __restrict w, float* __restrict acc, float* __restrict lin,
+  DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict acc, float* __restrict lin,
               const float* __restrict g, int64_t dim, float lr, float two_l2) const {
     const float p = power_, two_l2s = two_l2s_, l1 = l1_;
     for (int64_t i = 0; i < dim; ++i) {

@@ -75,7 +75,7 @@ class KerasNadam final : public OptimizerBase {
   }
 
  private:
-  void kernel(float* __restrict w, float* __restrict m, float* __restrict v,
+  DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict m, float* __restrict v,
               const float* __restrict g, int64_t dim, const StepArgs& args) const {
     const float u_t1 = static_cast<float>(args.c[0]), d1 = static_cast<float>(args.c[1]);
     const float omu = static_cast<float>(args.c[2]), d0 = static_cast<float>(args.c[3]);

@@ -60,7 +60,7 @@ class KerasRmsprop final : public OptimizerBase {
 
  private:
   template <bool kCentered, bool kMomentum>
-  void kernel(float* __restrict w, float* __restrict v, float* __restrict mo,
+  DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict v, float* __restrict mo,
               float* __restrict a, const float* __restrict g, int64_t dim, float lr) const {
     const float rho = rho_, omr = omr_, eps = eps_, momentum = momentum_;
     for (int64_t i = 0; i < dim; ++i) {
@@ -147,7 +147,7 @@ class OptaxRmsprop final : public OptimizerBase {
 
   // kTrace: 0 no momentum, 1 momentum, 2 Nesterov momentum.
   template <bool kCentered, bool kEpsInSqrt, int kTrace>
-  void kernel(float* __restrict w, float* __restrict mu, float* __restrict nu,
+  DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict mu, float* __restrict nu,
               float* __restrict tr, const float* __restrict g, int64_t dim, float nlr,
               float ibc) const {
     const float decay = decay_, omd = omd_, eps = eps_, momentum = momentum_;
