@@ -99,6 +99,22 @@ def test_round_trip_values_metadata_steps(ckdir):
 def test_steps_as_one_int(ckdir):
     checkpoint.save(ckdir, {"a": filled(10), "b": filled(10, seed=3)}, steps=5)
     assert checkpoint.load(ckdir).steps == {"a": 5, "b": 5}
+    checkpoint.save(ckdir, {"a": filled(10)}, steps=np.array(2**40, np.int64))
+    assert checkpoint.load(ckdir).steps == {"a": 2**40}
+    checkpoint.save(ckdir, {"a": filled(10)}, steps={"a": np.int32(3)})
+    assert checkpoint.load(ckdir).steps == {"a": 3}
+    with pytest.raises(TypeError, match="step"):
+        checkpoint.save(ckdir, {"a": filled(10)}, steps=1.5)
+
+
+def test_any_table_name(ckdir):
+    names = ["model/embedding:0", "ünï côdé", "a" * 300, "."]
+    tables = {n: filled(5, seed=i) for i, n in enumerate(names)}
+    checkpoint.save(ckdir, tables)
+    ck = checkpoint.load(ckdir)
+    assert list(ck.tables) == names
+    for n in names:
+        assert_same(snapshot(ck.tables[n]), snapshot(tables[n]))
 
 
 @needs_optimizers
@@ -134,6 +150,22 @@ def test_round_trip_with_optimizer_slots(ckdir):
     t.apply_gradients(keys[:100], g, 0.01, 4)
     fresh.apply_gradients(keys[:100], g, 0.01, 4)
     np.testing.assert_array_equal(t.find(keys[:100])[0], fresh.find(keys[:100])[0])
+
+
+@needs_optimizers
+def test_live_optimizer_kept_when_checkpoint_has_none(ckdir):
+    t = filled(100)
+    before = snapshot(t)
+    checkpoint.save(ckdir, {"t": t})
+    opt = {"name": "adagrad", "flavor": "optax"}
+    live = Table(dim=4, optimizer=opt)
+    checkpoint.load(ckdir, {"t": live})
+    assert live.optimizer["name"] == "adagrad" and live.optimizer["flavor"] == "optax"
+    got = snapshot(live)
+    for k in ("keys", "values", "last_update", "update_count"):
+        np.testing.assert_array_equal(got[k], before[k])
+    # rows start from the optimizer's initial slots (initial_accumulator_value)
+    np.testing.assert_allclose(got["slots"], live.optimizer["initial_accumulator_value"])
 
 
 @needs_optimizers
@@ -272,6 +304,15 @@ def test_dense_round_trip(ckdir):
     assert checkpoint.load_dense(ckdir) == {}
 
 
+def test_dense_bfloat16(ckdir):
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    w = np.linspace(-3, 3, 12, dtype=np.float32).astype(ml_dtypes.bfloat16).reshape(3, 4)
+    checkpoint.save(ckdir, {}, dense={"w": w})
+    got = checkpoint.load_dense(ckdir)["w"]
+    assert got.dtype == w.dtype and got.shape == (3, 4)
+    np.testing.assert_array_equal(got.astype(np.float32), w.astype(np.float32))
+
+
 def test_readable_with_safetensors_and_json_alone(ckdir):
     shards = modded_shards(3, dim=5)
     checkpoint.save(ckdir, {"t": shards, "u": filled(50, dim=2)})
@@ -292,6 +333,25 @@ def test_readable_with_safetensors_and_json_alone(ckdir):
     assert rows.keys() == expected.keys()
     for k in rows:
         np.testing.assert_array_equal(rows[k], expected[k])
+
+
+def test_the_specs_minimal_reader(ckdir):
+    """The reader printed in docs/checkpoint_format.md §8 reads what save writes."""
+    import re
+    doc = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "checkpoint_format.md")
+    if not os.path.exists(doc):
+        pytest.skip("docs/checkpoint_format.md not found")
+    code = re.findall(r"```python\n(.*?)```", open(doc, encoding="utf-8").read(), re.S)[0]
+    scope = {}
+    exec(code, scope)
+    shards = modded_shards(2, dim=3)
+    checkpoint.save(ckdir, {"e": shards})
+    entry, rows = scope["read_table"](ckdir, "e")
+    assert entry["dim"] == 3
+    want = snapshot(shards)
+    assert sorted(rows) == want["keys"].tolist()
+    for k, v in zip(want["keys"], want["values"]):
+        np.testing.assert_array_equal(rows[int(k)][0], v)
 
 
 def test_checksums_are_plain_zlib_crc32(ckdir):
@@ -401,6 +461,17 @@ def test_refuses_to_overwrite_other_directories(tmp_path):
     assert checkpoint.load(str(empty)).tables["t"].size() == 3
 
 
+def test_refuses_to_replace_a_symlink(tmp_path):
+    target = str(tmp_path / "real")
+    checkpoint.save(target, {"t": filled(3)})
+    link = str(tmp_path / "link")
+    os.symlink(target, link)
+    assert checkpoint.load(link).tables["t"].size() == 3  # reading through a link is fine
+    with pytest.raises(CheckpointError, match="symbolic link"):
+        checkpoint.save(link, {"t": filled(5)})
+    assert checkpoint.load(target).tables["t"].size() == 3
+
+
 def test_bad_save_arguments(ckdir):
     t = filled(3)
     with pytest.raises(ValueError, match="JSON"):
@@ -413,6 +484,8 @@ def test_bad_save_arguments(ckdir):
         checkpoint.save(ckdir, {"t": [t, Table(dim=5)]})
     with pytest.raises(ValueError, match="page_rows"):
         checkpoint.save(ckdir, {"t": t}, page_rows=0)
+    with pytest.raises(TypeError, match="'names'"):
+        checkpoint.save(ckdir, {"t": t}, dense={"names": np.array(["a", "b"])})
     assert not os.path.exists(ckdir) and no_leftovers(ckdir) == []
 
 

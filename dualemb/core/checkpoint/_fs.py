@@ -112,6 +112,9 @@ def clean_stale(path: str) -> None:
 
 def remove_tree(path: str) -> None:
     """Deletes a checkpoint directory, its manifest first (so it never looks complete)."""
+    if os.path.islink(path):
+        os.unlink(path)
+        return
     try:
         os.unlink(os.path.join(path, MANIFEST))
     except FileNotFoundError:

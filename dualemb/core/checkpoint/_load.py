@@ -12,9 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dualemb.core.checkpoint import _fs
-from dualemb.core.checkpoint._manifest import (DENSE_FILE, KEY_DTYPES, MANIFEST, META_TENSORS,
-                                               SLOT_PREFIX, VALUE_DTYPES, CheckpointError,
-                                               validate)
+from dualemb.core.checkpoint._manifest import (KEY_DTYPES, MANIFEST, META_TENSORS, SLOT_PREFIX,
+                                               VALUE_DTYPES, CheckpointError, validate)
 from dualemb.core.checkpoint._safetensors import Reader, crc32_combine
 from dualemb.core.checkpoint._save import PAGE_BYTES, _shards_of, _workers
 
@@ -95,7 +94,7 @@ class _Job:
 
 
 def _expected_tensors(entry: dict) -> dict:
-    n_dtype = {"int64": "I64", "int32": "I32"}[entry["key_dtype"]]
+    n_dtype = KEY_DTYPES[entry["key_dtype"]]
     v_dtype = VALUE_DTYPES[entry["value_dtype"]]
     dim = entry["dim"]
     out = {"keys": (n_dtype, None), "values": (v_dtype, dim)}
@@ -128,6 +127,9 @@ def _check_live(job: _Job) -> None:
                                   f"capacity {cap}; they would be evicted")
         if e["optimizer"] is not None and opt != e["optimizer"]:
             job.set_optimizer.append(t)
+        elif e["optimizer"] is not None and list(t.slot_names) != e["slot_names"]:
+            raise CheckpointError(f"{where}: the live optimizer has slots {t.slot_names}, the "
+                                  f"checkpoint stores {e['slot_names']}")
 
 
 def _validate_optimizer(job: _Job, table_cls) -> None:
@@ -286,6 +288,26 @@ def _new_table(table_cls, job: _Job):
 
 
 def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
+    """Restores tables (and reads dense parameters and metadata) from the checkpoint at `path`.
+
+    Args:
+      path: the checkpoint directory (if a save was interrupted between its renames, the aside
+        copy ``.<name>.old`` is read, with a RuntimeWarning). Missing: FileNotFoundError.
+      tables: optional mapping name -> Table, or list of Tables (the live shards of one logical
+        table). Their contents are replaced (clear, then import); dim, key dtype and value dtype
+        must match; if a live table has no optimizer or a different one, the saved optimizer is
+        attached first, and slots are restored. Names not given here are created fresh.
+      names: which saved tables to restore (default: the keys of `tables`, or all of them).
+      partitioner: ``partitioner(keys, num_live_shards) -> shard index per key`` routing keys to
+        live shards (default ``np.mod(keys, n)``); must be deterministic.
+      num_shards: live shards for each table created fresh: None gives a single Table, an int a
+        list of that many Tables.
+
+    Returns a ``Checkpoint`` (tables, steps, dense, metadata, manifest). Everything that can be
+    checked (manifest, files, sizes, checksums, dtypes, dims, capacities, the optimizer) is
+    checked before any live table is modified; problems raise ``CheckpointError`` (a
+    ValueError) naming the table, file and tensor.
+    """
     from dualemb.core.checkpoint import Checkpoint  # noqa: avoid an import cycle
     from dualemb.core.table import Table
 

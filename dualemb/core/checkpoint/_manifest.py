@@ -104,6 +104,8 @@ def validate(manifest: Any, where: str) -> dict:
         _need(name not in seen, w, f"duplicate table name {name!r}")
         seen.add(name)
         w = f"{where}, table {name!r}"
+        for member, default in (("optimizer", None), ("step", None), ("slot_names", [])):
+            t.setdefault(member, default)  # absent means null / none
         _need(t.get("key_dtype") in KEY_DTYPES, w,
               f"unsupported key_dtype {t.get('key_dtype')!r} (int64, int32)")
         _need(t.get("value_dtype") in VALUE_DTYPES, w,
@@ -118,6 +120,7 @@ def validate(manifest: Any, where: str) -> dict:
         slots = t.get("slot_names")
         _need(isinstance(slots, list) and all(isinstance(s, str) and s for s in slots), w,
               "'slot_names' must be a list of names")
+        _need(t.get("optimizer") is not None or not slots, w, "slot_names without an optimizer")
         _need(_is_int(t.get("rows")) and t["rows"] >= 0, w, "'rows' must be an integer >= 0")
         shards = t.get("shards")
         _need(isinstance(shards, list), w, "'shards' must be a list")

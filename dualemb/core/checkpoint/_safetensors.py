@@ -12,6 +12,7 @@ tensor as it goes. Nothing here ever holds a whole tensor.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -171,7 +172,7 @@ class Writer:
                 try:  # reserve the space now: a full disk fails here, not half way through
                     os.posix_fallocate(self._fd, 0, self._total)
                 except OSError as e:
-                    if e.errno not in (95, 22):  # EOPNOTSUPP / EINVAL: not supported here
+                    if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # not supported here
                         raise
             pwrite_all(self._fd, self._header, 0)
         except BaseException:

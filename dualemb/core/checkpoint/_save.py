@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import time
 from collections.abc import Mapping, Sequence
@@ -10,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dualemb.core.checkpoint import _fs
-from dualemb.core.checkpoint._manifest import (DENSE_FILE, FORMAT, MANIFEST, META_TENSORS,
+from dualemb.core.checkpoint._manifest import (DENSE_FILE, FORMAT, MANIFEST,
                                                SLOT_PREFIX, VERSION, CheckpointError, dumps,
                                                shard_file_name)
 from dualemb.core.checkpoint._safetensors import Writer, dtype_code, fsync_dir, pwrite_all
@@ -41,9 +42,12 @@ def _shards_of(name, value) -> list:
 def _int_or_none(name, v):
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise TypeError(f"step of table {name!r} must be an int or None, got {v!r}")
-    return int(v)
+    try:
+        if isinstance(v, (bool, np.bool_)):
+            raise TypeError
+        return operator.index(v)  # int, numpy integer, 0-d integer arrays (numpy, jax, tf)
+    except TypeError:
+        raise TypeError(f"step of table {name!r} must be an integer or None, got {v!r}") from None
 
 
 def _describe(name: str, shards: list) -> dict:
@@ -143,14 +147,26 @@ def _write_shard(table, path: str, name: str, shard: int, info: dict, page_rows:
     return entry
 
 
-def _write_dense(path: str, dense: Mapping) -> dict:
+def _dense_arrays(dense) -> dict:
+    if dense is None:
+        return {}
+    if not isinstance(dense, Mapping):
+        raise TypeError(f"dense must be a mapping name -> array, got {type(dense).__name__}")
     arrays = {}
     for k, v in dense.items():
         if not isinstance(k, str) or not k or k == "__metadata__":
             raise ValueError(f"invalid dense parameter name {k!r}")
         a = np.asarray(v)
-        dtype_code(a.dtype)  # raises TypeError for unsupported dtypes
+        try:
+            dtype_code(a.dtype)
+        except TypeError:
+            raise TypeError(f"dense parameter {k!r} has dtype {a.dtype}, which safetensors "
+                            "cannot store") from None
         arrays[k] = a
+    return arrays
+
+
+def _write_dense(path: str, arrays: dict) -> dict:
     writer = Writer(path, [(k, a.dtype, a.shape) for k, a in arrays.items()],
                     {"format": FORMAT, "content": "dense"})
     try:
@@ -178,17 +194,14 @@ def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 
         if not isinstance(name, str) or not name:
             raise ValueError(f"table names must be non-empty strings, got {name!r}")
         plan.append((name, _shards_of(name, value)))
-    if steps is None or isinstance(steps, (int, np.integer)):
-        step_of = {name: _int_or_none(name, steps) for name, _ in plan}
-    elif isinstance(steps, Mapping):
+    if isinstance(steps, Mapping):
         unknown = set(steps) - set(tables)
         if unknown:
             raise ValueError(f"steps given for unknown tables {sorted(unknown)}")
         step_of = {name: _int_or_none(name, steps.get(name)) for name, _ in plan}
-    else:
-        raise TypeError(f"steps must be None, an int or a mapping name -> int, got {steps!r}")
-    if dense is not None and not isinstance(dense, Mapping):
-        raise TypeError(f"dense must be a mapping name -> array, got {type(dense).__name__}")
+    else:  # None or one integer for every table
+        step_of = {name: _int_or_none(name, steps) for name, _ in plan}
+    dense = _dense_arrays(dense)
     metadata = {} if metadata is None else metadata
     if not isinstance(metadata, Mapping):
         raise TypeError(f"metadata must be a JSON object (dict), got {type(metadata).__name__}")
@@ -196,6 +209,9 @@ def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 
     dumps({"metadata": metadata})  # fail now, not after writing gigabytes
     infos = [(name, shards, _describe(name, shards)) for name, shards in plan]
 
+    if os.path.islink(path):
+        raise CheckpointError(f"{path} is a symbolic link; save to the directory it points to "
+                              "(or remove the link)")
     if os.path.lexists(path) and not (os.path.isdir(path) and
                                       (_fs.is_complete(path) or not os.listdir(path))):
         raise CheckpointError(f"{path} exists and is not a dualemb checkpoint; refusing to "
