@@ -225,8 +225,8 @@ int de_restrict(int64_t id, int64_t num_reserved, int32_t policy, int32_t key_dt
 }
 
 int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void* keys,
-              float* values, float* slots, int64_t* last_update, int64_t* update_count,
-              int64_t* out_n) {
+              float* values, float* slots, int32_t num_slots, int64_t* last_update,
+              int64_t* update_count, int64_t* out_n) {
   return guarded("export", [&] {
     auto t = dualemb::get_table(id);
     if (offset < 0 || limit < 0) throw std::invalid_argument("offset and limit must be >= 0");
@@ -244,7 +244,8 @@ int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void
         k64 = wide.data();
       }
     }
-    int64_t n = t->export_rows(offset, limit, k64, values, slots, last_update, update_count);
+    int64_t n = t->export_rows(offset, limit, k64, values, slots, slots ? num_slots : -1,
+                               last_update, update_count);
     if (keys && key_dtype == DE_KEY_INT32) {
       int32_t* k32 = static_cast<int32_t*>(keys);
       for (int64_t i = 0; i < n; ++i) k32[i] = static_cast<int32_t>(wide[i]);
@@ -254,14 +255,15 @@ int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void
 }
 
 int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const float* values,
-              const float* slots, const int64_t* last_update, const int64_t* update_count,
-              int64_t* evicted) {
+              const float* slots, int32_t num_slots, const int64_t* last_update,
+              const int64_t* update_count, int64_t* evicted) {
   return guarded("import", [&] {
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
     require(values, n, "values");
-    set_evicted(evicted, t->import_rows(k.data, n, values, slots, last_update, update_count));
+    set_evicted(evicted, t->import_rows(k.data, n, values, slots, slots ? num_slots : -1,
+                                        last_update, update_count));
   });
 }
 

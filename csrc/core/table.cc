@@ -19,6 +19,9 @@ constexpr int64_t kMaxDim = 1 << 16;
 constexpr int64_t kReadTask = 4096;      // keys per task of a parallel read
 constexpr int64_t kParallelMin = 2048;   // smaller batches run on the calling thread
 
+// Update counts saturate instead of wrapping around.
+inline void bump_count(uint32_t& c) { c += c != UINT32_MAX; }
+
 int parse_key_dtype(const std::string& s) {
   if (s == "int64") return 0;
   if (s == "int32") return 1;
@@ -118,6 +121,7 @@ void Table::set_optimizer(const std::string& spec) {
   std::unique_ptr<Optimizer> opt;
   if (!spec.empty()) opt = make_optimizer(spec);  // throws before anything changes
   std::unique_lock<std::shared_mutex> lock(mu_);
+  ++clock_;  // a change of optimizer is a write (checkpoint saves detect it)
   int old_slots = num_slots();
   int new_slots = opt ? opt->num_slots() : 0;
   std::unique_ptr<Optimizer> old = std::move(optimizer_);
@@ -320,7 +324,7 @@ int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const float* val
     if (r < 0) r = insert_new(s, keys[i], h, stamp);
     std::memcpy(s.rows.row(r), values + i * dim_, sizeof(float) * dim_);
     s.rows.last_update(r) = stamp;
-    ++s.rows.count(r);
+    bump_count(s.rows.count(r));
   });
   return enforce_capacity();
 }
@@ -342,7 +346,7 @@ int64_t Table::accum(const int64_t* keys, int64_t n, const float* deltas, const 
       return;
     }
     s.rows.last_update(r) = stamp;
-    ++s.rows.count(r);
+    bump_count(s.rows.count(r));
   });
   return enforce_capacity();
 }
@@ -448,7 +452,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
       const float* gu = w.sum_at[u] < 0 ? w.grad[u] : w.summed.data() + w.sum_at[u];
       opt.apply(row, row + dim_, gu, dim_, args);
       s.rows.last_update(w.rows[u]) = stamp;
-      ++s.rows.count(w.rows[u]);
+      bump_count(s.rows.count(w.rows[u]));
     }
   });
   return enforce_capacity();
@@ -523,10 +527,21 @@ int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_
   return removed;
 }
 
+namespace {
+void check_slot_count(int given, int actual) {
+  if (given >= 0 && given != actual)
+    throw std::invalid_argument("slots buffer sized for " + std::to_string(given) +
+                                " slots per row but the table has " + std::to_string(actual) +
+                                " (its optimizer changed?)");
+}
+}  // namespace
+
 int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, float* values,
-                           float* slots, int64_t* last_update, int64_t* update_count) const {
+                           float* slots, int slots_given, int64_t* last_update,
+                           int64_t* update_count) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
   const int64_t ns = num_slots();
+  check_slot_count(slots_given, static_cast<int>(ns));
   int64_t written = 0, base = 0;
   for (const auto& sp : shards_) {
     const RowStore& rows = sp->rows;
@@ -552,11 +567,12 @@ int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, float* 
 }
 
 int64_t Table::import_rows(const int64_t* keys, int64_t n, const float* values,
-                           const float* slots, const int64_t* last_update,
+                           const float* slots, int slots_given, const int64_t* last_update,
                            const int64_t* update_count) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  const int64_t stamp = ++clock_;
   const int64_t ns = num_slots();
+  check_slot_count(slots_given, static_cast<int>(ns));
+  const int64_t stamp = ++clock_;
   Grouping g;
   group_by_shard(keys, n, &g);
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
@@ -565,7 +581,9 @@ int64_t Table::import_rows(const int64_t* keys, int64_t n, const float* values,
     std::memcpy(row, values + i * dim_, sizeof(float) * dim_);
     if (slots && ns) std::memcpy(row + dim_, slots + i * ns * dim_, sizeof(float) * ns * dim_);
     s.rows.last_update(r) = last_update ? last_update[i] : stamp;
-    s.rows.count(r) = update_count ? static_cast<uint32_t>(update_count[i]) : 0;
+    s.rows.count(r) = update_count ? static_cast<uint32_t>(std::min<int64_t>(
+                                         std::max<int64_t>(update_count[i], 0), UINT32_MAX))
+                                   : 0;
   });
   if (last_update) {
     // Keep the clock ahead of every imported stamp so recency stays meaningful.

@@ -51,10 +51,12 @@ class Table {
                           int64_t step);
   int64_t restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys, const float* scores,
                    int64_t n);
+  // `slots_given` is the slot count the caller sized `slots` for (-1: no slots buffer); a
+  // mismatch with the table's (checked under the lock) throws.
   int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, float* values, float* slots,
-                      int64_t* last_update, int64_t* update_count) const;
+                      int slots_given, int64_t* last_update, int64_t* update_count) const;
   int64_t import_rows(const int64_t* keys, int64_t n, const float* values, const float* slots,
-                      const int64_t* last_update, const int64_t* update_count);
+                      int slots_given, const int64_t* last_update, const int64_t* update_count);
   void initial_values(const int64_t* keys, int64_t n, float* values) const;
 
   int64_t clock() const { return clock_.load(); }

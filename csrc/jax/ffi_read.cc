@@ -1,4 +1,5 @@
-// ffi_read.cc — handlers that read a table without changing it: find, size, export.
+// ffi_read.cc — handlers that read a table without changing it: find, size, export; and
+// `after`, which orders later writes after earlier reads.
 // All take the version token so that they run after every write they must see.
 #include <algorithm>
 #include <cstring>
@@ -10,8 +11,10 @@
 namespace dualemb_jax {
 namespace {
 
-// find: rows of `keys` and whether each exists; missing keys read as their initializer row and
-// are not inserted (TFRA's find).
+using NextVersionR0 = ffi::ResultBuffer<ffi::S32>;
+
+// find: rows of `keys` and whether each exists (unless `exists` is empty); missing keys read as
+// their initializer row and are not inserted (TFRA's find).
 ffi::Error FindImpl(int64_t table_id, ffi::Buffer<ffi::S32> version, ffi::AnyBuffer keys,
                     ffi::ResultBuffer<ffi::F32> values, ffi::ResultBuffer<ffi::PRED> exists) {
   (void)ReadVersion(version);
@@ -19,10 +22,12 @@ ffi::Error FindImpl(int64_t table_id, ffi::Buffer<ffi::S32> version, ffi::AnyBuf
   Keys k;
   if (auto e = Prepare(table_id, keys, &dims, &k, values->element_count(), "rows"); e.failure())
     return e;
-  if (static_cast<int64_t>(exists->element_count()) != k.n)
+  // An empty `exists` result means the caller does not want it (lookup).
+  const bool want_exists = exists->element_count() != 0;
+  if (want_exists && static_cast<int64_t>(exists->element_count()) != k.n)
     return ffi::Error::InvalidArgument("dualemb find: exists must have one entry per key");
   if (de_find(table_id, dims.key_dtype, k.data, k.n, values->typed_data(),
-              reinterpret_cast<uint8_t*>(exists->typed_data())) != 0)
+              want_exists ? reinterpret_cast<uint8_t*>(exists->typed_data()) : nullptr) != 0)
     return CoreError("find");
   return ffi::Error::Success();
 }
@@ -85,13 +90,23 @@ ffi::Error ExportImpl(int64_t table_id, ffi::Buffer<ffi::S32> version,
   if (want_slots) std::memset(slots->untyped_data(), 0, slots->size_bytes());
   int64_t n = 0;
   if (de_export(table_id, off, limit, dims.key_dtype, kdst, values->typed_data(),
-                want_slots ? slots->typed_data() : nullptr, nullptr, nullptr, &n) != 0)
+                want_slots ? slots->typed_data() : nullptr, dims.num_slots, nullptr, nullptr,
+                &n) != 0)
     return CoreError("export");
   if (!k32.empty()) {  // int32 table exported as int64 / pairs: widen
     int64_t* dst = static_cast<int64_t*>(keys->untyped_data());
     for (int64_t i = 0; i < n; ++i) dst[i] = k32[i];
   }
   *count->typed_data() = static_cast<int32_t>(n);
+  return ffi::Error::Success();
+}
+
+// after: returns the version token unchanged, but only once every other operand has been
+// computed. XLA cannot see through a custom call, so a write given this token is ordered after
+// the reads that produced those operands (an optimization barrier does not do this on CPU: XLA
+// removes it).
+ffi::Error AfterImpl(ffi::Buffer<ffi::S32> version, ffi::RemainingArgs, NextVersionR0 out) {
+  *out->typed_data() = ReadVersion(version);
   return ffi::Error::Success();
 }
 
@@ -122,4 +137,10 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_export, ExportImpl,
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_after, AfterImpl,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs()
                                   .Ret<ffi::Buffer<ffi::S32>>());

@@ -256,11 +256,12 @@ PYBIND11_MODULE(_core, m) {
     int64_t dim = dim_of(id);
     float* v = float_buffer(values, limit * dim, "values");
     float* sl = nullptr;
+    const int32_t ns = slots_of(id);
     int64_t* lu = nullptr;
     int64_t* uc = nullptr;
     if (!slots.is_none()) {
       py::array a = slots.cast<py::array>();
-      sl = float_buffer(a, limit * dim * slots_of(id), "slots");
+      sl = float_buffer(a, limit * dim * ns, "slots");
     }
     if (!last_update.is_none()) {
       py::array a = last_update.cast<py::array>();
@@ -274,7 +275,7 @@ PYBIND11_MODULE(_core, m) {
     int rc;
     {
       py::gil_scoped_release release;
-      rc = de_export(id, offset, limit, k.dtype, const_cast<void*>(k.ptr), v, sl, lu, uc, &n);
+      rc = de_export(id, offset, limit, k.dtype, const_cast<void*>(k.ptr), v, sl, ns, lu, uc, &n);
     }
     check(rc);
     return n;
@@ -284,14 +285,15 @@ PYBIND11_MODULE(_core, m) {
     KeyView k = key_view(keys);
     int64_t dim = dim_of(id);
     const float* v = float_input(values, k.n * dim, "values");
-    const float* sl = typed_input<float>(slots, k.n * dim * slots_of(id), "slots");
+    const int32_t ns = slots_of(id);
+    const float* sl = typed_input<float>(slots, k.n * dim * ns, "slots");
     const int64_t* lu = typed_input<int64_t>(last_update, k.n, "last_update");
     const int64_t* uc = typed_input<int64_t>(update_count, k.n, "update_count");
     int64_t evicted = 0;
     int rc;
     {
       py::gil_scoped_release release;
-      rc = de_import(id, k.dtype, k.ptr, k.n, v, sl, lu, uc, &evicted);
+      rc = de_import(id, k.dtype, k.ptr, k.n, v, sl, ns, lu, uc, &evicted);
     }
     check(rc);
     return evicted;

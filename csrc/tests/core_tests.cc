@@ -49,7 +49,7 @@ static void test_basic_ops() {
   CHECK(n == 2);
   std::vector<int64_t> ek(8);
   std::vector<float> ev(32);
-  OK(de_export(id, 0, 8, DE_KEY_INT64, ek.data(), ev.data(), nullptr, nullptr, nullptr, &n));
+  OK(de_export(id, 0, 8, DE_KEY_INT64, ek.data(), ev.data(), nullptr, 0, nullptr, nullptr, &n));
   CHECK(n == 2);
   // Bad input: wrong key dtype, unknown table, unknown optimizer.
   CHECK(de_find(id, DE_KEY_INT32, keys.data(), 4, out.data(), nullptr) == -1);
@@ -127,7 +127,7 @@ static void test_concurrency() {
       for (auto& k : keys) k = static_cast<int64_t>(rng() % 4000000);
       OK(de_find(id, DE_KEY_INT64, keys.data(), keys.size(), out.data(), nullptr));
       int64_t n;
-      OK(de_export(id, 0, 1000, DE_KEY_INT64, ek.data(), ev.data(), es.data(), nullptr, nullptr, &n));
+      OK(de_export(id, 0, 1000, DE_KEY_INT64, ek.data(), ev.data(), es.data(), 2, nullptr, nullptr, &n));
     }
   });
   for (int w = 0; w < kWriters; ++w) threads[w].join();
@@ -145,7 +145,7 @@ static void test_concurrency() {
   std::vector<int64_t> ek(size);
   std::vector<float> ev(size * 8);
   int64_t n = 0;
-  OK(de_export(id, 0, size, DE_KEY_INT64, ek.data(), ev.data(), nullptr, nullptr, nullptr, &n));
+  OK(de_export(id, 0, size, DE_KEY_INT64, ek.data(), ev.data(), nullptr, 0, nullptr, nullptr, &n));
   CHECK(n == size);
   for (int64_t i = 0; i < n; ++i) {
     int w = static_cast<int>(ek[i] / 1000000) - 1;

@@ -51,7 +51,7 @@ class ExportOp : public OpKernel {
       DE_CORE_CALL(ctx, de_export(id, offset, rows, d.key_dtype, keys.data(),
                                   values.flat<float>().data(),
                                   d.num_slots ? slots.flat<float>().data() : nullptr,
-                                  last.flat<int64_t>().data(), count.flat<int64_t>().data(), &got));
+                                  d.num_slots, last.flat<int64_t>().data(), count.flat<int64_t>().data(), &got));
     }
     // The table may have shrunk between size and export (a concurrent erase): keep what was read.
     ctx->set_output(0, got == rows ? keys : keys.Slice(0, got));
@@ -114,7 +114,7 @@ class ImportOp : public OpKernel {
     int64_t evicted = 0;
     if (n > 0) {
       DE_CORE_CALL(ctx, de_import(id, d.key_dtype, keys.data(), n, values.flat<float>().data(),
-                                  slot_ptr, last_ptr, count_ptr, &evicted));
+                                  slot_ptr, d.num_slots, last_ptr, count_ptr, &evicted));
     }
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
