@@ -285,3 +285,21 @@ def test_load_errors():
         assert t.size() == 0
     finally:
         t.destroy()
+
+
+def test_load_into_dualemb_tf_variable():
+    tf = pytest.importorskip("tensorflow")
+    try:
+        import dualemb.tf as de
+    except ImportError as e:  # the TF op library is not built in this environment
+        pytest.skip(f"dualemb.tf unavailable: {e}")
+    data = migrate.read_tfra_checkpoint(os.path.join(FIX, "tf2_checkpoint"))
+    entry = data["user/emb"]
+    var = de.Variable(key_dtype=tf.int64, value_dtype=tf.float32, dim=4,
+                      devices=["/CPU:0"] * 3, name="migrated_user_emb")
+    report = migrate.load_tfra_into(var, data, slots=False)
+    keys = entry["keys"]
+    assert report["rows"] == [int((np.mod(keys, 3) == s).sum()) for s in range(3)]
+    assert int(var.size()) == len(keys)
+    got = var.lookup(tf.constant(keys)).numpy()
+    np.testing.assert_array_equal(bits(got), bits(entry["values"]))

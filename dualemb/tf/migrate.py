@@ -456,6 +456,10 @@ def _live_tables(target) -> list:
     return out
 
 
+def _to_numpy(x) -> np.ndarray:
+    return np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+
+
 def _pick_entry(data, name):
     if isinstance(data, dict) and "keys" in data and "values" in data:
         return data
@@ -505,7 +509,8 @@ def load_tfra_into(target, data, name: str | None = None,
         is attached with `Table.attach`.
       data: what a reader returned (``{name: entry}``; pick one with `name` when it holds
         several variables) or a single entry.
-      partitioner: ``fn(keys, num_shards) -> shard index per key``; by default floored
+      partitioner: ``fn(keys, num_shards) -> shard index per key``; by default the target's own
+        ``partition_fn`` when it has one (a dualemb.tf Variable), else floored
         ``key mod num_shards`` (TFRA's CPU default). Keys are re-routed, so any TFRA shard count
         loads into any live shard count.
       slots: write TFRA optimizer slots when every core slot of the live table's optimizer has
@@ -531,8 +536,8 @@ def load_tfra_into(target, data, name: str | None = None,
                              f"dim {t.dim}")
     if values.dtype.kind != "f":
         raise TypeError(f"TFRA values of dtype {values.dtype} cannot go into float32 tables")
-    part = partitioner or default_partition
-    shard = np.asarray(part(keys, n_live)).reshape(-1)
+    part = partitioner or getattr(target, "partition_fn", None) or default_partition
+    shard = _to_numpy(part(keys, n_live)).reshape(-1)
     if shard.shape != keys.shape or (shard.size and (shard.min() < 0 or shard.max() >= n_live)):
         raise ValueError(f"partitioner must return one shard index in [0, {n_live}) per key")
 
