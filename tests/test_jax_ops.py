@@ -211,3 +211,17 @@ def test_bad_optimizer_refused():
         dej.create(DIM, optimizer="adam")
     with pytest.raises(Exception, match="out of range"):
         dej.create(DIM, optimizer=dej.optimizers.adam(1e-3, b1=1.5))
+
+
+def test_scalar_and_empty_ids(table):
+    assert dej.lookup(table, np.array(5)).shape == (DIM,)
+    assert dej.lookup(table, 2**40).shape == (DIM,)
+    t = dej.apply_gradients(table, np.array(2**40), np.ones(DIM, np.float32))
+    np.testing.assert_allclose(dej.lookup(t, 2**40), table.core().initial_values([2**40])[0] - 0.5,
+                               rtol=1e-6)
+    empty = np.zeros((0,), np.int64)
+    assert dej.lookup(t, empty).shape == (0, DIM)
+    t = dej.insert(t, empty, np.zeros((0, DIM), np.float32))
+    t = dej.apply_gradients(t, empty, np.zeros((0, DIM), np.float32))
+    assert int(dej.size(t)) == 1 and int(t.step) == 2  # an update, even if empty, counts
+    assert dej.ids(np.array(7)).numpy() == 7

@@ -9,6 +9,7 @@
 XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_find);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_size);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_export);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_after);
 // Writes (ffi_write.cc).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_find_or_insert);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_insert_or_assign);

@@ -25,6 +25,7 @@ PYBIND11_MODULE(_jax_ffi, m) {
         d["dualemb_find"] = Encapsulate(dualemb_find);
         d["dualemb_size"] = Encapsulate(dualemb_size);
         d["dualemb_export"] = Encapsulate(dualemb_export);
+        d["dualemb_after"] = Encapsulate(dualemb_after);
         d["dualemb_find_or_insert"] = Encapsulate(dualemb_find_or_insert);
         d["dualemb_insert_or_assign"] = Encapsulate(dualemb_insert_or_assign);
         d["dualemb_insert_masked"] = Encapsulate(dualemb_insert_masked);

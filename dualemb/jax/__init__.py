@@ -15,8 +15,11 @@ table on is what orders the side-effecting calls::
         table = dej.apply_gradients(table, ids, g_rows)      # fused Adam in the core
         return table, params - 0.1 * g_params, loss
 
-Works under ``jit``, ``grad``, ``vmap`` (reads), ``lax.scan``/``fori_loop`` and with several
-tables in one step. int64 ids in JAX's default 32-bit mode: see :mod:`dualemb.jax.ids`.
+Works under ``jit``, ``grad``, ``vmap``, ``lax.scan``/``fori_loop`` and with several tables in
+one step. int64 ids in JAX's default 32-bit mode: see :mod:`dualemb.jax.ids`. Optimizers:
+:mod:`dualemb.jax.optimizers` (fused, Optax-named) or any Optax transformation
+(:mod:`dualemb.jax.generic`). Checkpoints: :func:`save` / :func:`load` (common format),
+:mod:`dualemb.jax.orbax` (CheckpointManager). Flax: :mod:`dualemb.jax.nnx`.
 Importing this module registers the FFI targets for the CPU platform.
 """
 
@@ -40,8 +43,10 @@ __all__ = [
 
 
 def __getattr__(name):
-    # Checkpoints (and their dependency on dualemb.core.checkpoint) load on first use.
+    # Loaded on first use: checkpoints, and the Flax / Orbax glue (which import flax, orbax).
+    import importlib
     if name in ("save", "load"):
-        from dualemb.jax import checkpoint
-        return getattr(checkpoint, name)
+        return getattr(importlib.import_module("dualemb.jax.checkpoint"), name)
+    if name in ("checkpoint", "nnx", "orbax", "generic"):
+        return importlib.import_module(f"dualemb.jax.{name}")
     raise AttributeError(f"module 'dualemb.jax' has no attribute {name!r}")

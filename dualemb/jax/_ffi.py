@@ -47,10 +47,12 @@ def _tid(table_id: int):
     return np.int64(table_id)
 
 
-def find(table_id, dim, version, keys, shape):
-    """(rows [shape + (dim,)], exists [shape]) — reads only."""
+def find(table_id, dim, version, keys, shape, with_exists=True):
+    """(rows [shape + (dim,)], exists [shape]) — reads only. Without ``with_exists`` the
+    second result is empty (one output fewer to fill)."""
     return jax.ffi.ffi_call(
-        "dualemb_find", (_sds(shape + (dim,), _f32), _sds(shape, jnp.bool_)),
+        "dualemb_find",
+        (_sds(shape + (dim,), _f32), _sds(shape if with_exists else (0,), jnp.bool_)),
         vmap_method=_VMAP)(version, keys, table_id=_tid(table_id))
 
 
@@ -114,6 +116,12 @@ def export(table_id, dim, num_slots, version, offset, limit, key_layout):
         (_sds(kshape, kdtype), _sds((limit, dim), _f32), _sds((limit, num_slots, dim), _f32),
          _sds((), _i32)),
         vmap_method=_VMAP)(version, jnp.asarray(offset, _i32), table_id=_tid(table_id))
+
+
+def after(version, values):
+    """``version``, returned by a custom call that also takes ``values`` (so it waits for them)."""
+    return jax.ffi.ffi_call("dualemb_after", _sds(jnp.shape(version), _i32),
+                            vmap_method=_VMAP)(version, *values)
 
 
 def unique(keys, n):

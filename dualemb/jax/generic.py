@@ -151,6 +151,7 @@ def apply(table, keys, shape, grads):
     pairs = keys.dtype == jnp.uint32
     flat = keys.reshape((n, 2) if pairs else (n,))
     g = grads.reshape(n, dim)
+    _check_update(opt.tx, lay, n, dim, table.opt_state)  # before anything touches the table
     uniq, inverse, count = _ffi.unique(flat, n)
     gsum = jax.ops.segment_sum(g, inverse, num_segments=n)
     valid = jnp.arange(n, dtype=jnp.int32) < count
@@ -174,6 +175,21 @@ def apply(table, keys, shape, grads):
     for tid, leaf in zip(table.slot_tables, new_row_leaves):
         v = _ffi.insert_or_assign(tid, v, uniq, jnp.asarray(leaf, jnp.float32), valid)
     return table.replace(version=v, step=table.step + 1, opt_state=new_scalars)
+
+
+def _check_update(tx, lay: _Layout, n: int, dim: int, scalars) -> None:
+    """Traces tx.update abstractly on [n, dim] rows, so a transformation that cannot run on
+    rows fails with a clear error before any table is read or written (even eagerly)."""
+    rows = jax.ShapeDtypeStruct((n, dim), jnp.float32)
+    state = _merge_state(lay, [rows] * sum(k == "row" for k in lay.kinds),
+                         [jax.ShapeDtypeStruct(jnp.shape(s), jnp.result_type(s)) for s in scalars])
+    try:
+        jax.eval_shape(tx.update, rows, state, rows)
+    except Exception as e:
+        raise TypeError(
+            f"the generic optimizer path cannot run {tx!r} on a table's rows (it hands the "
+            f"transformation float32 arrays [n, dim] as updates and params, and nothing "
+            f"else): {type(e).__name__}: {e}") from e
 
 
 def erase_state(table, tid: int, keys):

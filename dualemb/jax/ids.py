@@ -69,7 +69,7 @@ class Ids:
 
     def numpy(self) -> np.ndarray:
         """The ids as a numpy int64 array (host)."""
-        h = np.ascontiguousarray(np.asarray(self.halves, dtype=np.uint32))
+        h = np.ascontiguousarray(np.asarray(self.halves, dtype=np.uint32)).reshape(-1)
         return h.view(np.int64).reshape(self.shape)
 
     def __repr__(self) -> str:
@@ -118,12 +118,16 @@ def _host_int64(x) -> np.ndarray:
             raise TypeError(f"ids must be integers, got dtype {arr.dtype}")
     if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
         raise ValueError("uint64 ids above 2**63-1 do not fit int64 keys")
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    return np.require(np.asarray(arr, dtype=np.int64), requirements="C")  # keeps 0-d
+
+
+def _pairs(arr: np.ndarray) -> np.ndarray:
+    """int64 [...] -> its uint32 (low, high) halves [..., 2] (little-endian memory)."""
+    return arr.reshape(-1).view(np.uint32).reshape(arr.shape + (2,))
 
 
 def _host_halves(x) -> np.ndarray:
-    arr = _host_int64(x)
-    return arr.view(np.uint32).reshape(arr.shape + (2,))
+    return _pairs(_host_int64(x))
 
 
 def is_host(x: Any) -> bool:
@@ -149,7 +153,7 @@ def key_operand(x, table_key_dtype: str):
             return jnp.asarray(arr.astype(np.int32)), arr.shape
         if x64:
             return jnp.asarray(arr), arr.shape
-        return jnp.asarray(arr.view(np.uint32).reshape(arr.shape + (2,))), arr.shape
+        return jnp.asarray(_pairs(arr)), arr.shape
     dtype = np.dtype(x.dtype)
     _check_integer(dtype)
     shape = tuple(x.shape)

@@ -47,7 +47,7 @@ def _rows_arg(table: Table, values, shape, what: str):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _lookup(table: Table, keys, shape: tuple):
-    rows, _ = _ffi.find(table.id, table.dim, table.version, keys, shape)
+    rows, _ = _ffi.find(table.id, table.dim, table.version, keys, shape, with_exists=False)
     return rows
 
 
@@ -161,7 +161,7 @@ def erase(table: Table, ids) -> Table:
 def after(table: Table, *values) -> Table:
     """The same table, ordered after ``values`` are computed: a write given the result runs
     after the reads that produced ``values`` (XLA would otherwise be free to run it first)."""
-    if not values:
+    leaves = [v for v in jax.tree_util.tree_leaves(values) if hasattr(v, "shape")]
+    if not leaves:
         return table
-    version, _ = jax.lax.optimization_barrier((table.version, values))
-    return table.replace(version=version)
+    return table.replace(version=_ffi.after(table.version, [jnp.asarray(v) for v in leaves]))

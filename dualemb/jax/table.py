@@ -17,11 +17,8 @@ The rows themselves live in the core's process-wide registry under the id, share
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from dualemb.core.table import Table as CoreTable
 from dualemb.jax import optimizers as _opts
@@ -116,6 +113,14 @@ def _optimizer(optimizer):
     return GenericOptimizer.of(optimizer)  # raises TypeError for non-transformations
 
 
+def canonical(core: CoreTable, opt):
+    """``opt`` with the hyper-parameters as the core records them (every one, defaults
+    included), so that handles made by create, attach and load compare equal."""
+    if not isinstance(opt, _opts.Optimizer) or core.optimizer is None:
+        return opt
+    return _opts.from_spec(core.optimizer, opt.learning_rate)
+
+
 def create(dim: int, *, key_dtype: str = "int64", initializer=None, optimizer=None,
            capacity: int = 0, evict_policy: str = "recency", num_threads: int = 0,
            table_id: int = 0, name: str | None = None) -> Table:
@@ -140,7 +145,8 @@ def create(dim: int, *, key_dtype: str = "int64", initializer=None, optimizer=No
                      optimizer=fused.spec if fused else None, capacity=capacity,
                      evict_policy=evict_policy, num_threads=num_threads, table_id=table_id,
                      name=name)
-    table = Table(core.id, core.dim, core.key_dtype.name, fused, _scalar(0), _scalar(0))
+    table = Table(core.id, core.dim, core.key_dtype.name, canonical(core, fused), _scalar(0),
+                  _scalar(0))
     if opt is not None and fused is None:
         try:
             table = opt.bind(table, core)
@@ -172,7 +178,8 @@ def attach(table_id: int, *, optimizer=None, step: int = 0, learning_rate=None) 
     elif isinstance(opt, _opts.Optimizer):
         core.set_optimizer(opt.spec)
     table = Table(core.id, core.dim, core.key_dtype.name,
-                  opt if isinstance(opt, _opts.Optimizer) else None, _scalar(0), _scalar(step))
+                  canonical(core, opt) if isinstance(opt, _opts.Optimizer) else None,
+                  _scalar(0), _scalar(step))
     if opt is not None and not isinstance(opt, _opts.Optimizer):
         table = opt.bind(table, core, step=step)
     return table
@@ -184,8 +191,3 @@ def destroy(table: Table) -> None:
     for tid in (table.id,) + table.slot_tables:
         if _core_module().exists(int(tid)):
             _core_module().destroy(int(tid))
-
-
-def host_int(x: Any) -> int:
-    """A concrete integer from a Python int or a concrete scalar array."""
-    return int(np.asarray(x))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import jax.numpy as jnp
-
 from dualemb.jax import _ffi
 from dualemb.jax import optimizers as _opts
 from dualemb.jax.ops import _keys, _rows_arg

@@ -1,0 +1,175 @@
+"""save / load of JAX table handles in dualemb's common checkpoint format.
+
+The rows, optimizer slots, initializer and optimizer spec go through
+:mod:`dualemb.core.checkpoint` (so TF reads what JAX writes and back); what only the JAX handle
+knows is recorded beside them:
+
+* the step count (the format's per-table ``step``);
+* under ``metadata["dualemb.jax"][name]``: the learning rate when it is a number (a schedule
+  cannot be serialised: pass ``learning_rate=`` or ``optimizer=`` to :func:`load`), and for the
+  generic Optax path the scalar state and the names of the companion state tables (saved as
+  tables ``<name>.opt_state.<i>``).
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Mapping
+
+import numpy as np
+
+from dualemb.core import checkpoint as _ckpt
+from dualemb.core.table import Table as CoreTable
+from dualemb.jax import optimizers as _opts
+from dualemb.jax.table import (Table, _optimizer, _scalar, block, canonical,
+                                check_exists)
+
+META_KEY = "dualemb.jax"
+DEFAULT_NAME = "table"
+
+
+def _as_mapping(tables) -> dict:
+    if isinstance(tables, Table):
+        return {DEFAULT_NAME: tables}
+    if isinstance(tables, Mapping) and all(isinstance(t, Table) for t in tables.values()):
+        return dict(tables)
+    raise TypeError("tables must be a dualemb.jax.Table or a mapping name -> Table")
+
+
+def _state_name(name: str, i: int) -> str:
+    return f"{name}.opt_state.{i}"
+
+
+def collect(tables) -> tuple[dict, dict, dict]:
+    """(core tables by name, steps by name, JAX metadata) for ``checkpoint.save``; waits for
+    every write the handles depend on."""
+    core, steps, meta = {}, {}, {}
+    for name, t in _as_mapping(tables).items():
+        check_exists(t)
+        block(t)
+        core[name] = CoreTable.attach(t.id)
+        steps[name] = int(np.asarray(t.step))
+        info: dict = {"optimizer": None, "learning_rate": None}
+        opt = t.optimizer
+        if isinstance(opt, _opts.Optimizer):
+            info["optimizer"] = "fused"
+            lr = opt.learning_rate
+            if isinstance(lr, numbers.Real):
+                info["learning_rate"] = float(lr)
+        elif opt is not None:
+            info["optimizer"] = "generic"
+            info["state_tables"] = []
+            for i, tid in enumerate(t.slot_tables):
+                sname = _state_name(name, i)
+                core[sname] = CoreTable.attach(tid)
+                info["state_tables"].append(sname)
+            info["opt_state"] = [{"value": np.asarray(s).tolist(),
+                                  "dtype": str(np.asarray(s).dtype)} for s in t.opt_state]
+        meta[name] = info
+    return core, steps, meta
+
+
+def save(tables, path, *, dense: Mapping | None = None, metadata: dict | None = None) -> None:
+    """Saves a table (or a mapping name -> table) to ``path`` in the common format, atomically.
+
+    Waits for every pending write to the tables first. ``dense`` (name -> array) and
+    ``metadata`` (a JSON dict) are stored beside them. A single table is saved as "table".
+    """
+    core, steps, meta = collect(tables)
+    md = dict(metadata or {})
+    md[META_KEY] = meta
+    dense_np = None if dense is None else {k: np.asarray(v) for k, v in dense.items()}
+    _ckpt.save(path, core, steps=steps, dense=dense_np, metadata=md)
+
+
+def table_names(path) -> list[str]:
+    """Names of the tables saved at ``path`` (the generic path's state tables left out)."""
+    manifest = _ckpt.read_manifest(path)
+    meta = (manifest.get("metadata") or {}).get(META_KEY, {})
+    hidden = {s for info in meta.values() for s in info.get("state_tables", [])}
+    return [t["name"] for t in manifest["tables"] if t["name"] not in hidden]
+
+
+def _resolve_optimizer(name, entry, info, optimizer, learning_rate):
+    """The optimizer the loaded handle gets (see :func:`load`)."""
+    if optimizer is not None:
+        return _optimizer(optimizer)
+    if info.get("optimizer") == "generic":
+        raise ValueError(
+            f"table {name!r} was trained with an Optax transformation (generic path), which a "
+            "checkpoint cannot record: pass the same transformation as optimizer=...")
+    spec = entry.get("optimizer")
+    if not spec:
+        return None
+    lr = learning_rate if learning_rate is not None else info.get("learning_rate")
+    if lr is None:
+        raise ValueError(
+            f"table {name!r} has optimizer {spec['name']!r} but the checkpoint does not record "
+            "its learning rate (a schedule, or saved by another front end): pass "
+            "learning_rate=... or optimizer=...")
+    return _opts.from_spec(spec, lr)
+
+
+def load(path, name: str | None = None, *, optimizer=None, learning_rate=None,
+         into: Table | None = None) -> Table:
+    """Loads one table from the checkpoint at ``path`` and returns its handle.
+
+    Args:
+      name: which table (needed only when the checkpoint holds several).
+      optimizer: the optimizer to train with; default: ``into``'s, else the saved one (its
+        definition and slots), with the saved learning rate, or ``learning_rate`` if given.
+        A generic-path table needs its Optax transformation here. A fused optimizer other than
+        the saved one starts from fresh slots.
+      into: restore into this live table (keeping its id, so compiled functions and other
+        front ends holding the id see the restored rows); its dim and key dtype must match the
+        checkpoint's, else ``CheckpointError`` and the table is left unchanged. Default: a new
+        table.
+
+    The step count is restored (0 if the checkpoint has none).
+    """
+    manifest = _ckpt.read_manifest(path)
+    entries = {t["name"]: t for t in manifest["tables"]}
+    names = table_names(path)
+    if optimizer is None and into is not None:
+        optimizer = into.optimizer
+    if name is None:
+        if len(names) != 1:
+            raise ValueError(f"the checkpoint at {path} holds tables {names}: pass name=...")
+        name = names[0]
+    if name not in entries:
+        raise _ckpt.CheckpointError(f"table {name!r} is not in the checkpoint at {path} "
+                                    f"(it has {names})")
+    entry = entries[name]
+    info = (manifest.get("metadata") or {}).get(META_KEY, {}).get(name, {})
+    opt = _resolve_optimizer(name, entry, info, optimizer, learning_rate)
+    step = int(entry.get("step") or 0)
+    generic = opt is not None and not isinstance(opt, _opts.Optimizer)
+
+    state_names = list(info.get("state_tables", [])) if generic else []
+    if into is not None:
+        check_exists(into)
+        block(into)
+        live = {name: CoreTable.attach(into.id)}
+        if generic and len(into.slot_tables) == len(state_names):
+            live.update({s: CoreTable.attach(t) for s, t in zip(state_names, into.slot_tables)})
+        ck = _ckpt.load(path, live, names=[name] + state_names)
+    else:
+        ck = _ckpt.load(path, names=[name] + state_names)
+    core = ck.tables[name]
+    if isinstance(opt, _opts.Optimizer):
+        core.set_optimizer(opt.spec)  # a no-op when it is the saved one (slots kept)
+        opt = canonical(core, opt)
+    table = Table(core.id, core.dim, core.key_dtype.name,
+                  opt if isinstance(opt, _opts.Optimizer) else None, _scalar(0), _scalar(step))
+    if generic:
+        state = [np.asarray(s["value"], dtype=s["dtype"]) for s in info.get("opt_state", [])]
+        slot_ids = tuple(ck.tables[s].id for s in state_names)
+        lay = opt.layout(core.dim)
+        if len(slot_ids) != sum(k == "row" for k in lay.kinds) or len(state) != len(
+                lay.scalar_init):
+            raise _ckpt.CheckpointError(
+                f"table {name!r}: the saved generic optimizer state does not fit {opt.tx!r}")
+        import jax.numpy as jnp
+        table = table.replace(optimizer=opt, slot_tables=slot_ids,
+                              opt_state=tuple(jnp.asarray(s) for s in state))
+    return table

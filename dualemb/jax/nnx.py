@@ -1,0 +1,205 @@
+"""Flax NNX: :class:`Embed`, a module that owns a dynamic table and maps ids to rows.
+
+Training needs the gradient of the loss with respect to the rows each ``Embed`` returned;
+:func:`value_and_grad` gives it beside the usual parameter gradients, and :func:`apply_gradients`
+hands it to each table's optimizer::
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.emb = dej.nnx.Embed(16, optimizer=dej.optimizers.adam(1e-3))
+            self.out = nnx.Linear(16, 1, rngs=rngs)
+        def __call__(self, ids):
+            return self.out(self.emb(ids).sum(axis=-2))
+
+    model = Model(nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+    @nnx.jit
+    def train_step(model, opt, ids, y):
+        loss_fn = lambda model: jnp.mean((model(ids).squeeze(-1) - y) ** 2)
+        loss, grads, emb_grads = dej.nnx.value_and_grad(loss_fn)(model)
+        opt.update(model, grads)                      # dense parameters (Optax)
+        dej.nnx.apply_gradients(model, emb_grads)     # tables (their own optimizers)
+        return loss
+
+How it works: ``value_and_grad`` first traces ``loss_fn`` abstractly to learn the shape of the
+rows every ``Embed`` call returns, then differentiates ``loss_fn`` with a zero "tap" added to
+each of those rows (a differentiable input of the right shape): the tap's gradient is the
+per-row gradient. The ids each call saw come back with it. Calls outside ``value_and_grad`` are
+plain lookups. An ``Embed`` called several times (a table shared by features) gets one combined
+update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from dualemb.jax import ops as _ops
+from dualemb.jax import train as _train
+from dualemb.jax.ids import Ids, key_operand
+from dualemb.jax.table import Table, create
+
+
+class EmbeddingTable(nnx.Variable):
+    """The :class:`dualemb.jax.Table` handle an :class:`Embed` owns (not an ``nnx.Param``:
+    the rows live in the core, and Optax never sees them)."""
+
+
+class Embed(nnx.Module):
+    """Maps ids (any shape, any id form :mod:`dualemb.jax.ids` accepts) to rows
+    ``ids.shape + (dim,)`` of a dynamic table.
+
+    Args:
+      dim: row length.
+      table: an existing :class:`dualemb.jax.Table` to own (e.g. from ``dualemb.jax.load``);
+        otherwise one is created with the remaining arguments (see :func:`dualemb.jax.create`).
+    """
+
+    def __init__(self, dim: int, *, table: Table | None = None, key_dtype: str = "int64",
+                 initializer=None, optimizer=None, capacity: int = 0, name: str | None = None):
+        if table is None:
+            table = create(dim, key_dtype=key_dtype, initializer=initializer,
+                           optimizer=optimizer, capacity=capacity, name=name)
+        elif table.dim != dim:
+            raise ValueError(f"table has dim {table.dim}, Embed was given dim {dim}")
+        self.dim = dim
+        self.table = EmbeddingTable(table)
+
+    def __call__(self, ids) -> jax.Array:
+        rows = _ops.lookup(self.table.get_value(), ids)
+        tape = _TAPE.get()
+        return rows if tape is None else tape.tap(self, ids, rows)
+
+    def apply_gradients(self, ids, grads) -> None:
+        """One optimizer step of the table on ``ids`` with per-row ``grads``."""
+        self.table.set_value(_train.apply_gradients(self.table.get_value(), ids, grads))
+
+
+# ---- the tape: which Embed calls happened, with what ids, and their taps ----------------------
+
+class _Tape:
+    def __init__(self, paths: dict, taps: list | None):
+        self.paths = paths  # id(Embed) -> its path in the model graph
+        self.taps = taps  # None while recording shapes
+        self.calls: list = []  # (path, ids operand, shape)
+
+    def tap(self, module: Embed, ids, rows):
+        path = self.paths.get(id(module))
+        if path is None:
+            raise ValueError("an Embed called inside dualemb.jax.nnx.value_and_grad must be "
+                             "part of the model passed to it")
+        operand, shape = key_operand(ids, module.table.get_value().key_dtype)
+        self.calls.append((path, operand, tuple(shape)))
+        if self.taps is None:
+            return rows
+        return rows + self.taps[len(self.calls) - 1]
+
+
+_TAPE: contextvars.ContextVar = contextvars.ContextVar("dualemb_nnx_tape", default=None)
+
+
+@contextlib.contextmanager
+def _taping(tape: _Tape):
+    token = _TAPE.set(tape)
+    try:
+        yield tape
+    finally:
+        _TAPE.reset(token)
+
+
+def _embeds(model) -> dict:
+    """path -> Embed for every Embed of the model (a module reachable by several paths is
+    listed once, under the first)."""
+    out, seen = {}, set()
+    for p, m in nnx.iter_graph(model):
+        if isinstance(m, Embed) and id(m) not in seen:
+            seen.add(id(m))
+            out[tuple(p)] = m
+    return out
+
+
+def _embed_paths(model) -> dict:
+    return {id(m): p for p, m in _embeds(model).items()}
+
+
+def value_and_grad(loss_fn: Callable, *, has_aux: bool = False, wrt=nnx.Param) -> Callable:
+    """Like ``nnx.value_and_grad(loss_fn, has_aux=has_aux)`` for ``loss_fn(model, *args)``,
+    plus the gradients of the rows every :class:`Embed` of ``model`` returned.
+
+    Returns a function ``(model, *args) -> (value, grads, emb_grads)`` where ``value`` is
+    ``loss`` (or ``(loss, aux)``), ``grads`` the ``wrt`` parameters' gradients (an
+    ``nnx.State``), and ``emb_grads`` a pytree of ``{embed path: [(ids, row_grads), ...]}``
+    for :func:`apply_gradients`.
+    """
+
+    def wrapped(model, *args):
+        # 1. Shapes of the rows each Embed call returns (abstract: nothing runs).
+        def probe(model, *args):
+            tape = _Tape(_embed_paths(model), None)
+            with _taping(tape):
+                loss_fn(model, *args)
+            return [jax.ShapeDtypeStruct(s + (m_dim,), jnp.float32)
+                    for (_, _, s), m_dim in zip(tape.calls, _dims(model, tape.calls))]
+
+        shapes = nnx.eval_shape(probe, model, *args)
+        taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]
+
+        # 2. Differentiate with respect to the parameters and the taps.
+        def inner(model, taps, *args):
+            tape = _Tape(_embed_paths(model), taps)
+            with _taping(tape):
+                out = loss_fn(model, *args)
+            loss, aux = (out if has_aux else (out, None))
+            calls = [(path, operand) for path, operand, _ in tape.calls]
+            return loss, (aux, calls)
+
+        grad_fn = nnx.value_and_grad(inner, argnums=(nnx.DiffState(0, wrt), 1), has_aux=True)
+        (loss, (aux, calls)), (grads, tap_grads) = grad_fn(model, taps, *args)
+        emb_grads: dict = {}
+        for (path, operand), g in zip(calls, tap_grads):
+            ids = Ids(operand) if operand.dtype == jnp.uint32 else operand
+            emb_grads.setdefault(_path_key(path), []).append((ids, g))
+        value = (loss, aux) if has_aux else loss
+        return value, grads, emb_grads
+
+    return wrapped
+
+
+def _dims(model, calls) -> list:
+    by_path = _embeds(model)
+    return [by_path[path].dim for path, _, _ in calls]
+
+
+def _path_key(path) -> str:
+    return "/".join(str(p) for p in path)
+
+
+def apply_gradients(model, emb_grads: dict) -> None:
+    """Applies :func:`value_and_grad`'s ``emb_grads`` to the tables of ``model``'s
+    :class:`Embed` modules (one step per table: the calls of a shared table are combined)."""
+    by_path = {_path_key(p): m for p, m in _embeds(model).items()}
+    for key, entries in emb_grads.items():
+        module = by_path.get(key)
+        if module is None:
+            raise KeyError(f"no Embed at {key!r} in the model")
+        if len(entries) == 1:
+            ids, g = entries[0]
+        else:
+            ids = _concat_ids([e[0] for e in entries])
+            g = jnp.concatenate([e[1].reshape(-1, module.dim) for e in entries])
+        module.apply_gradients(ids, g)
+
+
+def _concat_ids(ids_list: list) -> Any:
+    if all(isinstance(i, Ids) for i in ids_list):
+        return Ids(jnp.concatenate([i.halves.reshape(-1, 2) for i in ids_list]))
+    if any(isinstance(i, Ids) for i in ids_list):
+        from dualemb.jax.ids import ids as to_ids
+        return _concat_ids([to_ids(i) for i in ids_list])
+    return jnp.concatenate([i.reshape(-1) for i in ids_list])

@@ -1,0 +1,78 @@
+"""Orbax integration: save and restore dualemb tables with an ``orbax.checkpoint``
+``CheckpointManager``, beside the dense parameters.
+
+    import orbax.checkpoint as ocp
+    from dualemb.jax import orbax as deo
+
+    mngr = ocp.CheckpointManager(directory)
+    mngr.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params),
+        tables=deo.TablesSave({"user": user_table, "item": item_table})))
+    restored = mngr.restore(step, args=ocp.args.Composite(
+        params=ocp.args.StandardRestore(abstract_params),
+        tables=deo.TablesRestore({"user": user_table, "item": item_table})))
+    user_table = restored.tables["user"]
+
+The item directory holds a checkpoint in dualemb's common format (``<item>/dualemb``), so TF
+and ``dualemb.jax.load`` read it too. Restoring into live tables keeps their ids (compiled
+functions stay valid); with ``TablesRestore()`` (no targets) new tables are created and the
+saved optimizers are used (pass ``optimizers=`` for schedules or Optax transformations).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping, Optional
+
+import orbax.checkpoint as ocp
+from etils import epath
+
+from dualemb.jax import checkpoint as _ck
+from dualemb.jax.table import Table
+
+SUBDIR = "dualemb"
+
+
+class TablesCheckpointHandler(ocp.CheckpointHandler):
+    """Writes / reads a mapping name -> :class:`dualemb.jax.Table` (synchronously: the rows
+    live outside JAX, in the core; the save waits for pending writes, then pages them out)."""
+
+    def save(self, directory: epath.Path, args: "TablesSave"):
+        _ck.save(args.tables, str(epath.Path(directory) / SUBDIR), metadata=args.metadata)
+
+    def restore(self, directory: epath.Path, args: Optional["TablesRestore"] = None
+                ) -> dict:
+        path = str(epath.Path(directory) / SUBDIR)
+        args = args or TablesRestore()
+        targets = dict(args.tables or {})
+        optimizers = dict(args.optimizers or {})
+        names = list(targets) if targets else _ck.table_names(path)
+        out = {}
+        for name in names:
+            out[name] = _ck.load(path, name, into=targets.get(name),
+                                 optimizer=optimizers.get(name))
+        return out
+
+    def metadata(self, directory: epath.Path) -> Optional[Any]:
+        from dualemb.core import checkpoint as core_ckpt
+        return core_ckpt.read_manifest(str(epath.Path(directory) / SUBDIR))
+
+
+@ocp.args.register_with_handler(TablesCheckpointHandler, for_save=True)
+@dataclasses.dataclass
+class TablesSave(ocp.args.CheckpointArgs):
+    """Save args: ``tables`` (name -> Table), optional JSON ``metadata``."""
+
+    tables: Mapping[str, Table]
+    metadata: Optional[dict] = None
+
+
+@ocp.args.register_with_handler(TablesCheckpointHandler, for_restore=True)
+@dataclasses.dataclass
+class TablesRestore(ocp.args.CheckpointArgs):
+    """Restore args: ``tables`` (name -> live Table to restore into, keeping its id; None =
+    every saved table, into new tables), ``optimizers`` (name -> optimizer, see
+    :func:`dualemb.jax.load`)."""
+
+    tables: Optional[Mapping[str, Table]] = None
+    optimizers: Optional[Mapping[str, Any]] = None
