@@ -68,6 +68,13 @@ T* typed_buffer(py::array& a, int64_t expected, const char* name) {
 }
 
 template <class T>
+T* optional_buffer(const py::object& o, int64_t expected, const char* name) {
+  if (o.is_none()) return nullptr;
+  py::array a = o.cast<py::array>();
+  return typed_buffer<T>(a, expected, name);
+}
+
+template <class T>
 const T* typed_input(const py::object& o, int64_t expected, const char* name) {
   if (o.is_none()) return nullptr;
   py::array a = o.cast<py::array>();
@@ -134,11 +141,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("find", [](int64_t id, py::array keys, py::array values, py::object exists) {
     KeyView k = key_view(keys);
     float* v = float_buffer(values, k.n * dim_of(id), "values");
-    uint8_t* e = nullptr;
-    if (!exists.is_none()) {
-      py::array ea = exists.cast<py::array>();
-      e = typed_buffer<uint8_t>(ea, k.n, "exists");
-    }
+    uint8_t* e = optional_buffer<uint8_t>(exists, k.n, "exists");
     int rc;
     {
       py::gil_scoped_release release;
@@ -149,11 +152,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("find_or_insert", [](int64_t id, py::array keys, py::array values, py::object exists) {
     KeyView k = key_view(keys);
     float* v = float_buffer(values, k.n * dim_of(id), "values");
-    uint8_t* e = nullptr;
-    if (!exists.is_none()) {
-      py::array ea = exists.cast<py::array>();
-      e = typed_buffer<uint8_t>(ea, k.n, "exists");
-    }
+    uint8_t* e = optional_buffer<uint8_t>(exists, k.n, "exists");
     int64_t evicted = 0;
     int rc;
     {
@@ -263,14 +262,8 @@ PYBIND11_MODULE(_core, m) {
       py::array a = slots.cast<py::array>();
       sl = float_buffer(a, limit * dim * ns, "slots");
     }
-    if (!last_update.is_none()) {
-      py::array a = last_update.cast<py::array>();
-      lu = typed_buffer<int64_t>(a, limit, "last_update");
-    }
-    if (!update_count.is_none()) {
-      py::array a = update_count.cast<py::array>();
-      uc = typed_buffer<int64_t>(a, limit, "update_count");
-    }
+    lu = optional_buffer<int64_t>(last_update, limit, "last_update");
+    uc = optional_buffer<int64_t>(update_count, limit, "update_count");
     int64_t n = 0;
     int rc;
     {

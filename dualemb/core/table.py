@@ -259,8 +259,9 @@ class Table:
 
     def import_rows(self, keys, values, slots=None, last_update=None, update_count=None) -> int:
         """Inserts or overwrites rows with optional slots [n, num_slots, dim] and metadata."""
-        k = self._keys(keys).reshape(-1)
-        v = self._rows(np.asarray(values).reshape(k.shape + (self._dim,)) if np.asarray(values).size == k.size * self._dim else values, k, "values")
+        shaped = self._keys(keys)
+        v = self._rows(values, shaped, "values").reshape(-1, self._dim)
+        k = shaped.reshape(-1)
         s = None
         if slots is not None and self._num_slots:
             s = np.asarray(slots)
