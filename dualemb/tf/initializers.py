@@ -1,0 +1,126 @@
+"""TFRA / Keras initializers -> the core's deterministic initializer specs.
+
+In the core an initial row is a pure function of (seed, key), so a key gets the same row in TF
+and JAX, on any shard count (TFRA draws from a stateful RNG on every lookup instead). Accepted:
+
+- ``None`` -> zeros (TFRA: "0 will be used").
+- A Python number -> that constant. A list / numpy array / eager Tensor of length ``dim`` -> that
+  vector; of any other length, its first element broadcast to ``dim`` (TFRA's rule).
+- Keras initializers (``keras.initializers`` = ``tf.keras.initializers``) ``RandomNormal``,
+  ``TruncatedNormal``, ``RandomUniform``, ``Zeros``, ``Ones``, ``Constant``, their string names
+  (``"random_normal"``...), and TensorFlow's ``tf.random_normal_initializer``,
+  ``tf.random_uniform_initializer``, ``tf.zeros_initializer``, ``tf.ones_initializer``,
+  ``tf.constant_initializer``.
+- A ``dualemb.core.initializers`` spec dict.
+
+Seeds: an integer seed is used as is. **A seed of None is replaced by a fixed seed derived from
+the Variable's name** (64-bit FNV-1a of the name, masked to 63 bits), so initial rows are
+reproducible from run to run and across frameworks, yet two variables with different names get
+different rows for the same key. Anything else (variance-scaling initializers such as
+``GlorotUniform``, whose values depend on a static shape, or arbitrary callables) raises a
+``TypeError`` that lists what is supported.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from dualemb.core import initializers as core_inits
+
+SUPPORTED = ("None, a number, an array of length dim (or 1), a dualemb.core.initializers spec, "
+             "keras.initializers.RandomNormal / TruncatedNormal / RandomUniform / Zeros / Ones / "
+             "Constant (or their string names), or tf.random_normal_initializer / "
+             "tf.random_uniform_initializer / tf.zeros_initializer / tf.ones_initializer / "
+             "tf.constant_initializer")
+
+_KERAS_RANDOM = {
+    keras.initializers.RandomNormal: "normal",
+    keras.initializers.TruncatedNormal: "truncated_normal",
+    keras.initializers.RandomUniform: "uniform",
+}
+_TF_RANDOM = {
+    tf.random_normal_initializer: "normal",
+    tf.random_uniform_initializer: "uniform",
+}
+try:  # TF's own v2 truncated normal (tf.initializers.* are Keras' in TF 2.21)
+    from tensorflow.python.ops import init_ops_v2 as _init_ops_v2
+
+    _TF_RANDOM[_init_ops_v2.TruncatedNormal] = "truncated_normal"
+except ImportError:  # pragma: no cover
+    _init_ops_v2 = None
+
+
+def name_seed(name: str) -> int:
+    """The default seed for a Variable name: FNV-1a 64 of its UTF-8 bytes, masked to 63 bits."""
+    h = 0xCBF29CE484222325
+    for b in (name or "").encode("utf-8"):
+        h ^= b
+        h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h & 0x7FFFFFFFFFFFFFFF
+
+
+def _seed(seed, name: str) -> int:
+    if seed is None:
+        return name_seed(name)
+    if isinstance(seed, (int, np.integer)) and not isinstance(seed, bool):
+        return int(seed) & 0x7FFFFFFFFFFFFFFF
+    raise TypeError(f"initializer seed must be an int or None, got {seed!r} (a "
+                    "keras.random.SeedGenerator is stateful and cannot give per-key rows)")
+
+
+def _random_spec(kind: str, config: dict, name: str) -> dict:
+    seed = _seed(config.get("seed"), name)
+    if kind == "uniform":
+        return core_inits.uniform(config.get("minval", -0.05), config.get("maxval", 0.05), seed)
+    mean, stddev = config.get("mean", 0.0), config.get("stddev", 0.05)
+    if kind == "normal":
+        return core_inits.normal(mean, stddev, seed)
+    return core_inits.truncated_normal(mean, stddev, seed)
+
+
+def _value_spec(value, dim: int) -> dict:
+    arr = np.asarray(value, dtype=np.float32).reshape(-1)
+    if arr.size == 0:
+        raise ValueError("an initializer array must not be empty")
+    if arr.size == dim and dim > 1:
+        return core_inits.vector(arr)
+    return core_inits.constant(float(arr[0]))  # TFRA broadcasts the first element
+
+
+def to_spec(initializer, dim: int, name: str = "") -> dict:
+    """The core initializer spec for a TFRA-style ``initializer`` (see the module docstring)."""
+    if initializer is None:
+        return core_inits.zeros()
+    if isinstance(initializer, dict):
+        return core_inits.canonical(initializer)
+    if isinstance(initializer, str):
+        try:
+            initializer = keras.initializers.get(initializer)
+        except ValueError as e:
+            raise TypeError(f"unknown initializer {initializer!r}; supported: {SUPPORTED}") from e
+    if isinstance(initializer, bool):
+        raise TypeError(f"unsupported initializer {initializer!r}; supported: {SUPPORTED}")
+    if isinstance(initializer, numbers.Real):
+        return core_inits.constant(float(initializer))
+    if isinstance(initializer, (list, tuple, np.ndarray)):
+        return _value_spec(initializer, dim)
+    if isinstance(initializer, (tf.Tensor, tf.Variable)):
+        if not tf.executing_eagerly() and not hasattr(initializer, "numpy"):
+            raise TypeError("a Tensor initializer must be an eager (concrete) tensor")
+        return _value_spec(initializer.numpy(), dim)
+    for cls, kind in list(_KERAS_RANDOM.items()) + list(_TF_RANDOM.items()):
+        if type(initializer) is cls:
+            return _random_spec(kind, initializer.get_config(), name)
+    kind_of = type(initializer)
+    if kind_of in (keras.initializers.Zeros, tf.zeros_initializer):
+        return core_inits.zeros()
+    if kind_of in (keras.initializers.Ones, tf.ones_initializer):
+        return core_inits.constant(1.0)
+    if kind_of in (keras.initializers.Constant, tf.constant_initializer):
+        return _value_spec(initializer.get_config()["value"], dim)
+    raise TypeError(f"unsupported initializer {initializer!r} (type {kind_of.__name__}); "
+                    f"supported: {SUPPORTED}")

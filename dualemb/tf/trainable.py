@@ -1,0 +1,100 @@
+"""The gradient route from a lookup to the core's fused optimizer.
+
+A ``TrainableWrapper`` is a trainable Keras variable of shape ``(0, dim)`` that holds nothing: it
+is an *anchor*. A training-mode lookup returns the rows it read from the table through an identity
+with a custom gradient that takes the anchor as an extra input. Backpropagation therefore gives
+the anchor a gradient, and that gradient is a ``tf.IndexedSlices`` whose ``indices`` are the
+looked-up **keys** (not positions) and whose ``values`` are the per-occurrence row gradients —
+exactly what a dense ``keras.layers.Embedding`` receives for ``ops.take``, except that the indices
+are table keys. Several lookups through the same anchor in one step concatenate their slices.
+
+``DynamicEmbeddingOptimizer`` recognises anchors among the variables it is given, and sends each
+anchor's slices to the core's fused optimizer (``apply_gradients`` op), which sums duplicate keys
+and inserts new keys with their optimizer slots. Everything else goes to the wrapped Keras
+optimizer. Nothing is written by the lookup itself, and the anchor is an ordinary tracked Keras
+weight, so this works the same in eager mode, in ``tf.function``, with a ``GradientTape`` loop and
+in ``model.fit`` — one code path.
+"""
+
+from __future__ import annotations
+
+import re
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+
+def _variable_name(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.\-]", "_", name) or "trainable"
+
+
+class TrainableWrapper(keras.Variable):
+    """The gradient anchor of one (Variable, name) pair: a trainable ``(0, dim)`` Keras variable.
+
+    ``params`` is the dynamic embedding ``Variable`` it trains. Pass it (or the Keras layer that
+    owns it) to ``DynamicEmbeddingOptimizer``-wrapped optimizers like any trainable variable;
+    a plain Keras optimizer cannot apply its key-indexed gradient.
+    """
+
+    def __init__(self, params, name: str):
+        self._de_params = params
+        self._de_name = name
+        with tf.init_scope():
+            super().__init__(initializer=np.zeros((0, params.dim), np.float32),
+                             shape=(0, params.dim), dtype="float32",
+                             trainable=bool(params.trainable), name=_variable_name(name))
+        # A plain Keras optimizer hands such variables their gradient through assign() (and
+        # skips its own update math for them), where a clear error can be raised; a
+        # DynamicEmbeddingOptimizer takes them out first.
+        self.overwrite_with_gradient = True
+
+    def assign(self, value):
+        if isinstance(value, tf.IndexedSlices):
+            raise TypeError(
+                f"the gradient of dynamic embedding {self._de_params.name!r} (trainable "
+                f"{self._de_name!r}) was given to a plain Keras optimizer: wrap it with "
+                "de.DynamicEmbeddingOptimizer(optimizer), which applies it to the table")
+        return super().assign(value)
+
+    @property
+    def params(self):
+        """The dynamic embedding ``Variable`` this anchor trains."""
+        return self._de_params
+
+    @property
+    def de_name(self) -> str:
+        return self._de_name
+
+
+def is_trainable_wrapper(variable) -> bool:
+    return isinstance(variable, TrainableWrapper)
+
+
+def trainable_wrapper_filter(iterable, test_unaggregated_function=None):
+    """(dense, dynamic-embedding) split of variables or (gradient, variable) pairs, as TFRA's."""
+    dense, sparse = [], []
+    for item in iterable:
+        var = item[1] if isinstance(item, (tuple, list)) and len(item) == 2 else item
+        (sparse if is_trainable_wrapper(var) else dense).append(item)
+    return tuple(dense), tuple(sparse)
+
+
+@tf.custom_gradient
+def _rows_with_key_gradient(anchor, rows, keys):
+    """Identity on ``rows`` [n, dim]; the gradient goes to ``anchor`` as IndexedSlices over keys."""
+
+    def grad(dy):
+        if isinstance(dy, tf.IndexedSlices):
+            values, indices = dy.values, tf.gather(keys, dy.indices)
+        else:
+            values, indices = dy, keys
+        return tf.IndexedSlices(tf.cast(values, tf.float32), indices), None, None
+
+    return tf.identity(rows), grad
+
+
+def attach_gradient(wrapper: TrainableWrapper, rows, keys):
+    """``rows`` [n, dim] looked up for the flat ``keys`` [n], connected to ``wrapper``."""
+    anchor = tf.convert_to_tensor(wrapper.value)  # a read of the anchor: the tape watches it
+    return _rows_with_key_gradient(anchor, rows, keys)

@@ -1,0 +1,528 @@
+"""``Variable``: TFRA's dynamic embedding variable over core tables.
+
+Contract for ``dualemb/tf/saving.py`` (and anything else that saves or inspects a Variable):
+
+- ``Variable`` is a TF Trackable (``AutoTrackable``); its ``_serialize_to_tensors()`` and
+  ``_restore_from_tensors(restored_tensors)`` delegate to
+  ``dualemb.tf.saving.serialize_variable(var)`` and ``dualemb.tf.saving.restore_variable(var,
+  restored_tensors)`` (imported lazily).
+- ``var.tables``: list of ``TableShard`` (``dualemb/tf/shard.py``), one per shard, in shard order.
+  Each has ``.table_id`` (Python int, the core table id), ``.resource`` (the id as an int64 scalar
+  tensor, a TrackableResource handle: use it, not the int, inside traced save/restore functions so
+  that a SavedModel maps it to the table it recreates), ``.config`` (core config string) and
+  ``.optimizer_spec`` (spec string, "" when none).
+- ``var.dim`` (int), ``var.key_dtype`` / ``var.value_dtype`` (``tf.DType``; the core stores float32
+  and casts to ``value_dtype`` at the boundary), ``var.name`` (str), ``var.checkpoint`` (bool: save
+  it or not), ``var.initializer_spec`` (core initializer dict), ``var.optimizer_spec`` (the fused
+  optimizer spec dict attached by ``DynamicEmbeddingOptimizer``, or None), ``var.partition_fn`` and
+  ``var.shard_num``. Key routing: ``var.partition_fn(keys, var.shard_num)`` -> int32 shard index
+  (default: floored ``key mod N``), so a restore with another shard count re-partitions with it.
+- The optimizer step is global to the Keras optimizer (``optimizer.iterations``), not per variable:
+  each fused update is called with ``step = iterations + 1``.
+- Ops over a shard: ``dualemb.tf.ops.export_table / import_table / clear_table`` (see its docstring).
+
+Semantics (as TFRA): lookups never insert (missing keys read as their initializer row); only an
+optimizer step inserts, and exactly the keys it updated. Keys of another dtype than ``key_dtype``
+raise ``TypeError``; rows of the wrong shape raise ``ValueError``; the table is then unchanged.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from dualemb.core.spec import to_spec
+from dualemb.tf import ops
+from dualemb.tf import initializers as de_inits
+from dualemb.tf.creators import CuckooHashTableCreator, KVCreator
+from dualemb.tf.policies import RestrictPolicy
+from dualemb.tf.shard import TableShard
+from dualemb.tf.trainable import TrainableWrapper
+
+_KEY_DTYPES = (tf.int64, tf.int32)
+_VALUE_DTYPES = (tf.float32, tf.float16, tf.bfloat16, tf.float64)
+
+
+def default_partition_fn(keys, shard_num):
+    """Shard index of each key: floored ``key mod shard_num`` (int32); all 0 for one shard."""
+    if shard_num == 1:
+        return tf.zeros_like(keys, dtype=tf.int32)
+    return tf.cast(tf.math.floormod(keys, tf.cast(shard_num, keys.dtype)), tf.int32)
+
+
+def _as_dtype(dtype, allowed, what):
+    try:
+        dt = tf.as_dtype(dtype)
+    except TypeError as e:
+        raise TypeError(f"unsupported {what} {dtype!r}") from e
+    if dt not in allowed:
+        raise TypeError(f"unsupported {what} {dt.name} (supported: "
+                        f"{', '.join(a.name for a in allowed)})")
+    return dt
+
+
+class Variable(tf.__internal__.tracking.AutoTrackable):
+    """A dynamic embedding variable: a hash table from keys to trainable ``dim``-vectors, split
+    over ``len(devices)`` core tables. Same arguments and defaults as TFRA's ``Variable``.
+
+    Args:
+      key_dtype: ``tf.int64`` (default) or ``tf.int32``.
+      value_dtype: ``tf.float32`` (stored), or float16 / bfloat16 / float64 (cast at the boundary).
+      dim: length of each row.
+      devices: one table per entry (default ``["/CPU:0"]``); tables live in host memory.
+      partitioner: ``fn(keys, shard_num) -> int32 shard index``; default floored ``key mod N``.
+      shared_name: unused (as in TFRA).
+      name: the variable's name.
+      initializer: see ``dualemb.tf.initializers`` (None -> zeros).
+      trainable: whether lookups connect to optimizers.
+      checkpoint: whether checkpoints save the tables.
+      init_size: rows to reserve, split over the shards.
+      kv_creator: table backend options (``dualemb.tf.creators``); default Cuckoo (unbounded).
+      restrict_policy: a ``RestrictPolicy`` **class** (e.g. ``TimestampRestrictPolicy``).
+      bp_v2: accepted; fused updates are atomic read-modify-writes in the core, so concurrent
+        writers never lose updates with or without it.
+      short_file_name: accepted for compatibility.
+    """
+
+    def __init__(self, key_dtype=tf.int64, value_dtype=tf.float32, dim=1, devices=None,
+                 partitioner=default_partition_fn, shared_name=None,
+                 name="DynamicEmbedding_Variable", initializer=None, trainable=True,
+                 checkpoint=True, init_size=0, kv_creator=None, restrict_policy=None,
+                 bp_v2=False, short_file_name=False):
+        self._self_setattr_tracking = False  # only the tables are checkpoint dependencies
+        self._key_dtype = _as_dtype(key_dtype, _KEY_DTYPES, "key_dtype")
+        self._value_dtype = _as_dtype(value_dtype, _VALUE_DTYPES, "value_dtype")
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim <= 0:
+            raise ValueError(f"dim must be a positive integer, got {dim!r}")
+        self._dim = int(dim)
+        if devices is None:
+            devices = ["/CPU:0"]
+        elif isinstance(devices, str):
+            devices = [devices]
+        devices = list(devices)
+        if not devices:
+            raise ValueError("devices must list at least one device")
+        self._devices = devices
+        if not callable(partitioner):
+            raise TypeError(f"partitioner must be callable, got {partitioner!r}")
+        self._partition_fn = partitioner
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
+        self._name = name
+        self._shared_name = shared_name
+        self._trainable = bool(trainable)
+        self._checkpoint = bool(checkpoint)
+        self._bp_v2 = bool(bp_v2)
+        self._short_file_name = bool(short_file_name)
+        self._init_size = int(init_size or 0)
+        if kv_creator is None:
+            kv_creator = CuckooHashTableCreator()
+        if not isinstance(kv_creator, KVCreator):
+            raise TypeError(f"kv_creator must be a KVCreator, got {kv_creator!r}")
+        self._kv_creator = kv_creator
+        self._initializer = initializer
+        self._initializer_spec = de_inits.to_spec(initializer, self._dim, name)
+        self._optimizer_spec = None
+        self._optimizer_owner = None
+        self._trainable_store = {}
+
+        config = {"dim": self._dim, "key_dtype": self._key_dtype.name, **self._initializer_spec,
+                  **kv_creator.table_options(len(devices))}
+        config_text = to_spec(config)
+        base = name.replace("/", "_")
+        n = len(devices)
+        try:
+            shards = [TableShard(config_text, f"{base}_mht_{i + 1}of{n}") for i in range(n)]
+        except tf.errors.InvalidArgumentError as e:
+            raise ValueError(f"cannot create the tables of Variable {name!r}: {e.message}") from e
+        if self._init_size > 0:
+            from dualemb.core import Table
+            for shard in shards:
+                Table.attach(shard.table_id).reserve(max(1, self._init_size // n))
+
+        if restrict_policy is not None:
+            if not (isinstance(restrict_policy, type) and issubclass(restrict_policy, RestrictPolicy)):
+                raise TypeError("restrict_policy must be a RestrictPolicy subclass such as "
+                                f"de.TimestampRestrictPolicy (the class, not an instance), got "
+                                f"{restrict_policy!r}")
+            self._restrict_policy = restrict_policy(self)
+        else:
+            self._restrict_policy = None
+        for shard in shards:
+            shard._bind_variable(self)
+        self._self_setattr_tracking = True
+        self._tables = shards  # tracked: a SavedModel recreates each table on load
+
+    # ---- description ---------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def key_dtype(self) -> tf.DType:
+        return self._key_dtype
+
+    @property
+    def value_dtype(self) -> tf.DType:
+        return self._value_dtype
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def devices(self) -> list:
+        return list(self._devices)
+
+    @property
+    def shard_num(self) -> int:
+        return len(self._tables)
+
+    @property
+    def partition_fn(self):
+        return self._partition_fn
+
+    @property
+    def tables(self) -> list:
+        return list(self._tables)
+
+    @property
+    def trainable(self) -> bool:
+        return self._trainable
+
+    @property
+    def checkpoint(self) -> bool:
+        return self._checkpoint
+
+    @property
+    def bp_v2(self) -> bool:
+        return self._bp_v2
+
+    @property
+    def init_size(self) -> int:
+        return self._init_size
+
+    @property
+    def kv_creator(self):
+        return self._kv_creator
+
+    @property
+    def initializer(self):
+        """The initializer as given (see ``initializer_spec`` for the core's form)."""
+        return self._initializer
+
+    @property
+    def initializer_spec(self) -> dict:
+        return dict(self._initializer_spec)
+
+    @property
+    def optimizer_spec(self):
+        """The fused optimizer spec dict attached by ``DynamicEmbeddingOptimizer`` (or None)."""
+        return None if self._optimizer_spec is None else dict(self._optimizer_spec)
+
+    @property
+    def restrict_policy(self):
+        return self._restrict_policy
+
+    @property
+    def trainable_store(self) -> dict:
+        """name -> ``TrainableWrapper`` created by lookups and layers on this variable."""
+        return self._trainable_store
+
+    def __repr__(self) -> str:
+        return (f"<dualemb.tf.Variable {self._name!r} dim={self._dim} key_dtype="
+                f"{self._key_dtype.name} value_dtype={self._value_dtype.name} "
+                f"shards={len(self._tables)}>")
+
+    # ---- argument checks -------------------------------------------------------------------------
+    def _keys(self, keys, what: str = "keys"):
+        """``keys`` as a dense tensor of ``key_dtype``; TypeError on any other dtype."""
+        if isinstance(keys, tf.Tensor) and keys.dtype == self._key_dtype:
+            return keys  # the common case, first
+        if isinstance(keys, (tf.SparseTensor, tf.RaggedTensor)):
+            raise TypeError(f"{what} must be a dense tensor, got {type(keys).__name__}")
+        if isinstance(keys, (tf.Tensor, tf.Variable, np.ndarray, np.generic)):
+            dtype = tf.as_dtype(keys.dtype)
+            if dtype != self._key_dtype:
+                raise TypeError(f"{what} have dtype {dtype.name}, but Variable {self._name!r} has "
+                                f"key_dtype {self._key_dtype.name}")
+            return tf.convert_to_tensor(keys)
+        # Python numbers / lists: through numpy, so that out-of-range ids are refused (TF would
+        # silently wrap 2**40 to 0 when converting to int32).
+        arr = np.asarray(keys)
+        if arr.dtype.kind not in "iu":
+            raise TypeError(f"{what} must be integers of key_dtype {self._key_dtype.name}, got "
+                            f"{arr.dtype} values")
+        info = np.iinfo(self._key_dtype.as_numpy_dtype)
+        if arr.size and (arr.min() < info.min or arr.max() > info.max):
+            raise ValueError(f"{what} do not fit Variable {self._name!r}'s key_dtype "
+                             f"{self._key_dtype.name}")
+        return tf.convert_to_tensor(arr.astype(self._key_dtype.as_numpy_dtype))
+
+    def _rows(self, values, keys, what: str):
+        """``values`` as float32 rows of shape keys.shape + [dim] (checked statically if known)."""
+        if isinstance(values, (tf.Tensor, tf.Variable, np.ndarray)):
+            dtype = tf.as_dtype(values.dtype)
+            if dtype != self._value_dtype:
+                raise TypeError(f"{what} have dtype {dtype.name}, but Variable {self._name!r} has "
+                                f"value_dtype {self._value_dtype.name}")
+            values = tf.convert_to_tensor(values)
+        else:
+            try:
+                values = tf.convert_to_tensor(values, self._value_dtype)
+            except (TypeError, ValueError) as e:
+                raise TypeError(f"{what} cannot be converted to {self._value_dtype.name}: {e}") from e
+        want = keys.shape.concatenate([self._dim])
+        if not values.shape.is_compatible_with(want):
+            raise ValueError(f"{what} have shape {values.shape}, expected keys.shape + [dim] = "
+                             f"{want}")
+        if values.dtype != tf.float32:
+            values = tf.cast(values, tf.float32)
+        return values
+
+    # ---- sharding --------------------------------------------------------------------------------
+    def _partition(self, flat_keys):
+        """(shard index per key, positions per shard, keys per shard) for N > 1 shards."""
+        n = len(self._tables)
+        parts = tf.cast(self._partition_fn(flat_keys, n), tf.int32)
+        positions = tf.dynamic_partition(tf.range(tf.size(flat_keys)), parts, n)
+        keys = tf.dynamic_partition(flat_keys, parts, n)
+        return parts, positions, keys
+
+    def _find_flat(self, flat_keys):
+        """(rows [n, dim] float32, exists [n]) of flat keys, over all shards."""
+        if len(self._tables) == 1:
+            return ops.find(self._tables[0].resource, flat_keys, self._dim)
+        parts, positions, keys = self._partition(flat_keys)
+        results = [ops.find(t.resource, k, self._dim) for t, k in zip(self._tables, keys)]
+        rows = tf.dynamic_stitch(positions, [r[0] for r in results])
+        exists = tf.dynamic_stitch(positions, [r[1] for r in results])
+        return rows, exists
+
+    def _write_flat(self, op, flat_keys, *row_args):
+        """Calls ``op(table_id, keys, *rows)`` per shard with the shard's share of keys and rows."""
+        if len(self._tables) == 1:
+            return [op(self._tables[0].resource, flat_keys, *row_args)]
+        parts = tf.cast(self._partition_fn(flat_keys, len(self._tables)), tf.int32)
+        n = len(self._tables)
+        keys = tf.dynamic_partition(flat_keys, parts, n)
+        split = [tf.dynamic_partition(a, parts, n) for a in row_args]
+        return [op(t.resource, keys[i], *[s[i] for s in split]) for i, t in enumerate(self._tables)]
+
+    def _flat(self, keys):
+        return tf.reshape(keys, [-1])
+
+    def _flat_rows(self, rows, keys, what):
+        """rows [..., dim] -> [n, dim], checking at run time that rows.shape == keys.shape + [dim]
+        when the static shapes cannot tell (a plain reshape could silently regroup values)."""
+        want = keys.shape.concatenate([self._dim])
+        if not (rows.shape.is_fully_defined() and rows.shape == want):
+            check = tf.debugging.assert_equal(
+                tf.shape(rows, out_type=tf.int64),
+                tf.concat([tf.shape(keys, out_type=tf.int64), [self._dim]], 0),
+                message=f"{what} must have shape keys.shape + [dim] (dim={self._dim}) for "
+                        f"Variable {self._name!r}")
+            with tf.control_dependencies([check]):
+                rows = tf.identity(rows)
+        return tf.reshape(rows, [-1, self._dim])
+
+    def _out(self, rows, keys):
+        rows = tf.reshape(rows, tf.concat([tf.shape(keys), [self._dim]], 0))
+        rows.set_shape(keys.shape.concatenate([self._dim]))
+        return rows if self._value_dtype == tf.float32 else tf.cast(rows, self._value_dtype)
+
+    # ---- TFRA API -------------------------------------------------------------------------------
+    def lookup(self, keys, return_exists=False, name=None):
+        """Rows of ``keys`` (any shape) -> ``keys.shape + [dim]``; missing keys read as their
+        initializer row and are **not** inserted. With ``return_exists``, also a bool tensor of
+        ``keys.shape`` telling which keys exist."""
+        keys = self._keys(keys)
+        if len(self._tables) == 1:  # any shape goes straight through
+            rows, exists = ops.find(self._tables[0].resource, keys, self._dim)
+            if self._value_dtype != tf.float32:
+                rows = tf.cast(rows, self._value_dtype)
+        else:
+            rows, exists = self._find_flat(self._flat(keys))
+            rows = self._out(rows, keys)
+            exists = tf.reshape(exists, tf.shape(keys))
+        return (rows, exists) if return_exists else rows
+
+    def upsert(self, keys, values, name=None):
+        """Inserts or overwrites the rows of ``keys`` (values: keys.shape + [dim])."""
+        keys = self._keys(keys)
+        values = self._rows(values, keys, "values")
+        if len(self._tables) == 1:  # the op checks shapes that are only known at run time
+            return ops.insert_or_assign(self._tables[0].resource, keys, values)
+        out = self._write_flat(ops.insert_or_assign, self._flat(keys),
+                               self._flat_rows(values, keys, "values"))
+        return tf.group(out)
+
+    def accum(self, keys, old_values, new_values, exists, name=None):
+        """bp_v2 update: per key, delta = new - old where ``exists`` else new; then a key absent
+        with exists False is inserted with new, a present key with exists True gets += delta,
+        anything else is ignored (TFRA's rule)."""
+        keys = self._keys(keys)
+        old_values = self._rows(old_values, keys, "old_values")
+        new_values = self._rows(new_values, keys, "new_values")
+        exists = tf.convert_to_tensor(exists)
+        if exists.dtype != tf.bool:
+            raise TypeError(f"exists must be bool, got {exists.dtype.name}")
+        if not exists.shape.is_compatible_with(keys.shape):
+            raise ValueError(f"exists has shape {exists.shape}, expected keys' {keys.shape}")
+        deltas = tf.where(exists[..., None], new_values - old_values, new_values)
+        if len(self._tables) == 1:
+            return ops.accum(self._tables[0].resource, keys, deltas, exists)
+        out = self._write_flat(ops.accum, self._flat(keys),
+                               self._flat_rows(deltas, keys, "deltas"),
+                               tf.reshape(exists, [-1]))
+        return tf.group(out)
+
+    def remove(self, keys, name=None):
+        """Erases ``keys`` (absent keys are ignored) with their slots."""
+        keys = self._keys(keys)
+        out = self._write_flat(ops.erase, self._flat(keys))
+        return out[0] if len(out) == 1 else tf.group(out)
+
+    def clear(self, name=None):
+        """Removes every key."""
+        out = [ops.clear_table(t.resource) for t in self._tables]
+        return out[0] if len(out) == 1 else tf.group(out)
+
+    def size(self, index=None, name=None):
+        """Number of keys (int64): all shards, or shard ``index``."""
+        if index is not None:
+            if not 0 <= int(index) < len(self._tables):
+                raise IndexError(f"shard index {index} out of range [0, {len(self._tables)})")
+            return ops.table_size(self._tables[int(index)].resource)
+        sizes = [ops.table_size(t.resource) for t in self._tables]
+        return sizes[0] if len(sizes) == 1 else tf.add_n(sizes)
+
+    def export(self, name=None):
+        """(keys [n], values [n, dim]) of every shard, concatenated (order unspecified)."""
+        pages = [ops.export_table(t.resource, self._key_dtype, self._dim) for t in self._tables]
+        keys = tf.concat([p["keys"] for p in pages], 0)
+        values = tf.concat([p["values"] for p in pages], 0)
+        if self._value_dtype != tf.float32:
+            values = tf.cast(values, self._value_dtype)
+        return keys, values
+
+    def restrict(self, num_reserved, **kwargs):
+        """Keeps about ``num_reserved`` keys by the restrict policy (``trigger=`` the size above
+        which to act). Warns and returns None without a policy, as TFRA."""
+        if self._restrict_policy is None:
+            warnings.warn(f"Variable {self._name!r} has no restrict_policy: restrict() does "
+                          "nothing", stacklevel=2)
+            return None
+        return self._restrict_policy.apply_restriction(num_reserved, **kwargs)
+
+    def get_slot_variables(self, optimizer=None):
+        """The optimizer slots of this variable's rows, as read-only ``SlotVariable`` views
+        (``export()``, ``lookup(keys)``, ``size()``). Empty before an optimizer is attached, or
+        when ``optimizer`` is given and is not the one attached."""
+        from dualemb.tf.slots import slot_variables
+        if optimizer is not None and self._optimizer_owner is not None:
+            owner = self._optimizer_owner()
+            if owner is not None and owner is not optimizer:
+                return []
+        return slot_variables(self)
+
+    def get_trainable_by_name(self, name):
+        """The ``TrainableWrapper`` a lookup or layer created under ``name`` (or None)."""
+        return self._trainable_store.get(name)
+
+    def trainable_wrapper(self, name: str) -> TrainableWrapper:
+        """The gradient anchor registered under ``name``, created on first use."""
+        wrapper = self._trainable_store.get(name)
+        if wrapper is None:
+            wrapper = TrainableWrapper(self, name)
+            self._trainable_store[name] = wrapper
+        return wrapper
+
+    def embedding_lookup(self, ids, name=None, max_norm=None, return_trainable=False):
+        """``de.embedding_lookup(self, ids, ...)``."""
+        from dualemb.tf.lookup import embedding_lookup
+        return embedding_lookup(self, ids, name=name, max_norm=max_norm,
+                                return_trainable=return_trainable)
+
+    def save_to_file_system(self, dirpath, proc_size=1, proc_rank=0, file_name_list=None,
+                            dirpath_env="TFRA_SAVED_KV", append_to_file=False,
+                            buffer_size=4194304, name=None):
+        """Saves the tables (rows, slots, metadata) to ``dirpath`` in the common checkpoint format
+        (``$TFRA_SAVED_KV`` overrides dirpath, as in TFRA)."""
+        from dualemb.tf import saving
+        return saving.save_variable_to_file_system(self, dirpath, proc_size=proc_size,
+                                                   proc_rank=proc_rank, dirpath_env=dirpath_env)
+
+    def load_from_file_system(self, dirpath, proc_size=1, proc_rank=0, file_name_list=None,
+                              dirpath_env="TFRA_SAVED_KV", load_entire_dir=False,
+                              buffer_size=4194304, name=None):
+        """Loads what ``save_to_file_system`` wrote (any saved shard count), replacing the
+        variable's contents (TFRA merges; see docs/tf.md)."""
+        from dualemb.tf import saving
+        return saving.load_variable_from_file_system(
+            self, dirpath, proc_size=proc_size, proc_rank=proc_rank, dirpath_env=dirpath_env,
+            load_entire_dir=load_entire_dir)
+
+    # ---- optimizer attachment (DynamicEmbeddingOptimizer) ------------------------------------
+    def _attach_optimizer(self, spec: dict, spec_text: str, owner) -> None:
+        import weakref
+        if self._optimizer_owner is not None:
+            current = self._optimizer_owner()
+            if current is not None and current is not owner and self._optimizer_spec != spec:
+                raise ValueError(
+                    f"Variable {self._name!r} is already trained by another optimizer "
+                    f"({self._optimizer_spec}); one Variable can have one fused optimizer")
+        if self._optimizer_spec != spec:
+            for shard in self._tables:
+                try:
+                    shard.set_optimizer(spec_text)
+                except tf.errors.InvalidArgumentError as e:
+                    raise ValueError(f"cannot attach optimizer {spec} to Variable "
+                                     f"{self._name!r}: {e.message}") from e
+            self._optimizer_spec = dict(spec)
+        self._optimizer_owner = weakref.ref(owner)
+
+    # ---- checkpointing (dualemb/tf/saving.py) -----------------------------------------------
+    def _serialize_to_tensors(self):
+        from dualemb.tf import saving
+        return saving.serialize_variable(self)
+
+    def _restore_from_tensors(self, restored_tensors):
+        from dualemb.tf import saving
+        return saving.restore_variable(self, restored_tensors)
+
+
+class GraphKeys:
+    """TFRA's (deprecated) collection names, kept so code that names them runs."""
+
+    DYNAMIC_EMBEDDING_VARIABLES = "dynamic_embedding_variables"
+    TRAINABLE_DYNAMIC_EMBEDDING_VARIABLES = "trainable_dynamic_embedding_variables"
+
+
+_VARIABLES: dict = {}
+
+
+def get_variable(name, key_dtype=tf.int64, value_dtype=tf.float32, dim=1, devices=None,
+                 partitioner=default_partition_fn, shared_name="get_variable", initializer=None,
+                 trainable=True, checkpoint=True, init_size=0, kv_creator=None,
+                 restrict_policy=None, bp_v2=False):
+    """The Variable named ``name`` if this process made one with ``get_variable``, otherwise a new
+    one. Reusing a name with another key/value dtype or dim raises ``ValueError``."""
+    existing = _VARIABLES.get(name)
+    if existing is not None:
+        if (existing.key_dtype != tf.as_dtype(key_dtype)
+                or existing.value_dtype != tf.as_dtype(value_dtype) or existing.dim != dim):
+            raise ValueError(
+                f"Variable {name!r} already exists with key_dtype={existing.key_dtype.name}, "
+                f"value_dtype={existing.value_dtype.name}, dim={existing.dim}; asked for "
+                f"{tf.as_dtype(key_dtype).name}, {tf.as_dtype(value_dtype).name}, {dim}")
+        return existing
+    var = Variable(key_dtype=key_dtype, value_dtype=value_dtype, dim=dim, devices=devices,
+                   partitioner=partitioner, shared_name=shared_name, name=name,
+                   initializer=initializer, trainable=trainable, checkpoint=checkpoint,
+                   init_size=init_size, kv_creator=kv_creator, restrict_policy=restrict_policy,
+                   bp_v2=bp_v2)
+    _VARIABLES[name] = var
+    return var
