@@ -32,14 +32,19 @@ def median_rate(fn, batches, repeats):
     return n / statistics.median(times)
 
 
-def bench(num_keys, dim, batch, threads, repeats, rng):
+def filled_table(keys, dim, threads, optimizer=None):
     t = Table(dim=dim, initializer=initializers.normal(0, 0.01, seed=1), num_threads=threads,
-              optimizer={"name": "adam", "flavor": "keras"})
-    keys = rng.choice(1 << 62, num_keys, replace=False).astype(np.int64)
-    t.reserve(num_keys + num_keys // 4)
-    for s in range(0, num_keys, 1 << 17):
+              optimizer=optimizer)
+    t.reserve(keys.size + keys.size // 4)
+    for s in range(0, keys.size, 1 << 17):
         k = keys[s:s + (1 << 17)]
         t.insert_or_assign(k, np.ones((k.size, dim), np.float32))
+    return t
+
+
+def bench(num_keys, dim, batch, threads, repeats, rng):
+    """Reads and inserts on a plain table; apply_gradients on a table with Adam's two slots."""
+    keys = rng.choice(1 << 62, num_keys, replace=False).astype(np.int64)
     present = [rng.choice(keys, batch) for _ in range(4)]
     half = []
     for _ in range(4):
@@ -47,14 +52,17 @@ def bench(num_keys, dim, batch, threads, repeats, rng):
         k[: batch // 2] = rng.integers(1 << 62, (1 << 63) - 1, batch // 2)
         half.append(rng.permutation(k))
     rows = np.ones((batch, dim), np.float32)
-    grads = [(p, rng.normal(size=(batch, dim)).astype(np.float32)) for p in present]
+    t = filled_table(keys, dim, threads)
     out = {
         "find_present": median_rate(lambda k: t.find(k), present, repeats),
         "find_50pct_missing_normal_init": median_rate(lambda k: t.find(k), half, repeats),
         "insert_or_assign": median_rate(lambda k: t.insert_or_assign(k, rows), present, repeats),
-        "apply_gradients_adam": median_rate(
-            lambda kg: t.apply_gradients(kg[0], kg[1], lr=1e-3, step=1), grads, repeats),
     }
+    t.destroy()
+    t = filled_table(keys, dim, threads, {"name": "adam", "flavor": "keras"})
+    grads = [(p, rng.normal(size=(batch, dim)).astype(np.float32)) for p in present]
+    out["apply_gradients_adam"] = median_rate(
+        lambda kg: t.apply_gradients(kg[0], kg[1], lr=1e-3, step=1), grads, repeats)
     t.destroy()
     return {k: round(v / 1e6, 3) for k, v in out.items()}
 

@@ -1,6 +1,6 @@
 // row_store.h — dense, chunked storage of a shard's rows.
 //
-// Row i holds [value (dim) | slots (num_slots * dim)] plus its key and metadata. Rows stay dense
+// Row i holds its RowMeta (key, last update, count) then [value (dim) | slots (num_slots * dim)]. Rows stay dense
 // (erase moves the last row into the hole), so export pages are plain index ranges. Storage
 // grows by fixed-size chunks: no 2x reallocation peaks, and row pointers stay valid as it grows.
 #ifndef DUALEMB_ROW_STORE_H_
@@ -13,23 +13,36 @@
 
 namespace dualemb {
 
+// Per-row metadata, stored in front of the row's floats so one cache-line stream brings both.
+struct RowMeta {
+  int64_t key;
+  int64_t last_update;
+  uint32_t count;
+  uint32_t unused;
+};
+
 class RowStore {
  public:
-  RowStore(int64_t width, int64_t chunk_shift) : width_(width), shift_(chunk_shift) {}
+  RowStore(int64_t width, int64_t chunk_shift)
+      : width_(width),
+        shift_(chunk_shift),
+        stride_(sizeof(RowMeta) + ((sizeof(float) * width + 7) & ~size_t(7))) {}
 
   int64_t size() const { return size_; }
   int64_t width() const { return width_; }
 
-  float* row(int64_t i) { return chunks_[i >> shift_].values.get() + (i & mask()) * width_; }
+  float* row(int64_t i) { return reinterpret_cast<float*>(at(i) + sizeof(RowMeta)); }
   const float* row(int64_t i) const {
-    return chunks_[i >> shift_].values.get() + (i & mask()) * width_;
+    return reinterpret_cast<const float*>(at(i) + sizeof(RowMeta));
   }
-  int64_t& key(int64_t i) { return chunks_[i >> shift_].keys[i & mask()]; }
-  int64_t key(int64_t i) const { return chunks_[i >> shift_].keys[i & mask()]; }
-  int64_t& last_update(int64_t i) { return chunks_[i >> shift_].last[i & mask()]; }
-  int64_t last_update(int64_t i) const { return chunks_[i >> shift_].last[i & mask()]; }
-  uint32_t& count(int64_t i) { return chunks_[i >> shift_].count[i & mask()]; }
-  uint32_t count(int64_t i) const { return chunks_[i >> shift_].count[i & mask()]; }
+  RowMeta& meta(int64_t i) { return *reinterpret_cast<RowMeta*>(at(i)); }
+  const RowMeta& meta(int64_t i) const { return *reinterpret_cast<const RowMeta*>(at(i)); }
+
+  // Starts loading row i (metadata, values and slots) into the cache, for writing.
+  void prefetch(int64_t i) const {
+    const unsigned char* p = at(i);
+    for (size_t off = 0; off < stride_; off += 64) __builtin_prefetch(p + off, 1);
+  }
 
   // Appends an uninitialised row and returns its index.
   int64_t push_back() {
@@ -39,12 +52,7 @@ class RowStore {
   // Moves the last row into row i (i < size) and drops the last row.
   void move_last_into(int64_t i) {
     int64_t last = size_ - 1;
-    if (i != last) {
-      std::memcpy(row(i), row(last), sizeof(float) * width_);
-      key(i) = key(last);
-      last_update(i) = last_update(last);
-      count(i) = count(last);
-    }
+    if (i != last) std::memcpy(at(i), at(last), stride_);
     --size_;
     // Keep one spare chunk at most, so erase-heavy workloads give memory back.
     while (static_cast<int64_t>(chunks_.size()) > ((size_ + mask()) >> shift_) + 1)
@@ -57,32 +65,24 @@ class RowStore {
   void reserve(int64_t n) {
     while ((static_cast<int64_t>(chunks_.size()) << shift_) < n) add_chunk();
   }
-  size_t bytes() const {
-    return chunks_.size() * ((size_t(1) << shift_) * (width_ * sizeof(float) + 20));
-  }
+  size_t bytes() const { return chunks_.size() * (size_t(1) << shift_) * stride_; }
 
  private:
-  struct Chunk {
-    std::unique_ptr<float[]> values;
-    std::unique_ptr<int64_t[]> keys;
-    std::unique_ptr<int64_t[]> last;
-    std::unique_ptr<uint32_t[]> count;
-  };
   int64_t mask() const { return (int64_t(1) << shift_) - 1; }
+  unsigned char* at(int64_t i) const {
+    return chunks_[i >> shift_].get() + static_cast<size_t>(i & mask()) * stride_;
+  }
   void add_chunk() {
-    const size_t rows = size_t(1) << shift_;
-    Chunk c;
-    c.values.reset(new float[rows * width_]);
-    c.keys.reset(new int64_t[rows]);
-    c.last.reset(new int64_t[rows]);
-    c.count.reset(new uint32_t[rows]);
-    chunks_.push_back(std::move(c));
+    // operator new[] memory is aligned for any fundamental type, and the stride is a multiple
+    // of 8, so every RowMeta and float in a chunk is properly aligned.
+    chunks_.emplace_back(new unsigned char[(size_t(1) << shift_) * stride_]);
   }
 
   int64_t width_;
   int64_t shift_;
+  size_t stride_;  // bytes per row: RowMeta + width floats, padded to 8
   int64_t size_ = 0;
-  std::vector<Chunk> chunks_;
+  std::vector<std::unique_ptr<unsigned char[]>> chunks_;
 };
 
 }  // namespace dualemb

@@ -161,9 +161,7 @@ void Table::rebuild_rows(int64_t new_width) {
       float* dst = r.row(j);
       std::memcpy(dst, old.row(i), sizeof(float) * dim_);
       init_slots(dst);
-      r.key(j) = old.key(i);
-      r.last_update(j) = old.last_update(i);
-      r.count(j) = old.count(i);
+      r.meta(j) = old.meta(i);
     }
     fresh.push_back(std::move(r));
   }
@@ -197,13 +195,12 @@ void Table::for_each_shard(const Grouping& g, Fn&& fn) {
   parallel_for(kNumShards, total < kParallelMin ? 1 : threads(), task);
 }
 
-template <class Fn>
-void Table::for_each_key(const Grouping& g, const int64_t* keys, Fn&& fn) {
+template <class Fn, class After>
+void Table::for_each_key(const Grouping& g, const int64_t* keys, Fn&& fn, After&& after_shard) {
   // Blocks of kBlock keys: prefetch their index slots, probe and prefetch their rows, then run
   // fn. A key missing at probe time is probed again right before fn, since an earlier key of
   // the same block may have inserted it.
   constexpr int kBlock = 16;
-  const size_t row_bytes = sizeof(float) * width();
   for_each_shard(g, [&](int si) {
     Shard& s = *shards_[si];
     int64_t r[kBlock];
@@ -214,16 +211,14 @@ void Table::for_each_key(const Grouping& g, const int64_t* keys, Fn&& fn) {
       for (int j = 0; j < m; ++j) {
         const int64_t i = g.order[b + j];
         r[j] = s.index.find(keys[i], g.hashes[i]);
-        if (r[j] >= 0) {
-          const char* p = reinterpret_cast<const char*>(s.rows.row(r[j]));
-          for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 1);
-        }
+        if (r[j] >= 0) s.rows.prefetch(r[j]);
       }
       for (int j = 0; j < m; ++j) {
         const int64_t i = g.order[b + j];
         fn(si, s, i, g.hashes[i], r[j] >= 0 ? r[j] : s.index.find(keys[i], g.hashes[i]));
       }
     }
+    after_shard(si);
   });
 }
 
@@ -232,19 +227,19 @@ int64_t Table::insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp) {
   if (r >= static_cast<int64_t>(KeyIndex::kEmpty))
     throw std::length_error("a shard of this table is full (2^32 rows)");
   s.index.insert(key, h, static_cast<uint32_t>(r), r + 1);
-  s.rows.key(r) = key;
-  s.rows.last_update(r) = stamp;
-  s.rows.count(r) = 0;
+  s.rows.meta(r).key = key;
+  s.rows.meta(r).last_update = stamp;
+  s.rows.meta(r).count = 0;
   init_slots(s.rows.row(r));
   return r;
 }
 
 void Table::erase_row(Shard& s, int64_t row) {
-  int64_t key = s.rows.key(row);
+  int64_t key = s.rows.meta(row).key;
   s.index.erase(key, hash_key(key));
   int64_t last = s.rows.size() - 1;
   if (row != last) {
-    int64_t moved = s.rows.key(last);
+    int64_t moved = s.rows.meta(last).key;
     s.index.update(moved, hash_key(moved), static_cast<uint32_t>(row));
   }
   s.rows.move_last_into(row);
@@ -323,8 +318,8 @@ int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const float* val
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
     if (r < 0) r = insert_new(s, keys[i], h, stamp);
     std::memcpy(s.rows.row(r), values + i * dim_, sizeof(float) * dim_);
-    s.rows.last_update(r) = stamp;
-    bump_count(s.rows.count(r));
+    s.rows.meta(r).last_update = stamp;
+    bump_count(s.rows.meta(r).count);
   });
   return enforce_capacity();
 }
@@ -345,8 +340,8 @@ int64_t Table::accum(const int64_t* keys, int64_t n, const float* deltas, const 
     } else {
       return;
     }
-    s.rows.last_update(r) = stamp;
-    bump_count(s.rows.count(r));
+    s.rows.meta(r).last_update = stamp;
+    bump_count(s.rows.meta(r).count);
   });
   return enforce_capacity();
 }
@@ -415,7 +410,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
     std::vector<float> summed;
   };
   std::vector<Work> work(kNumShards);
-  for_each_key(g, keys, [&](int si, Shard& s, int64_t i, uint64_t h, int64_t r) {
+  auto dedup = [&](int si, Shard& s, int64_t i, uint64_t h, int64_t r) {
     Work& w = work[si];
     if (!w.dedup) w.dedup.reset(new DedupMap(g.start[si + 1] - g.start[si]));
     const float* gi = grads + i * dim_;
@@ -437,24 +432,22 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
     }
     float* acc = w.summed.data() + w.sum_at[u];
     for (int64_t j = 0; j < dim_; ++j) acc[j] += gi[j];
-  });
-  const size_t row_bytes = sizeof(float) * width();
-  for_each_shard(g, [&](int si) {
+  };
+  // Applied per shard right after its gradients are summed: its rows, prefetched while probing,
+  // are still in cache.
+  auto update = [&](int si) {
     Shard& s = *shards_[si];
     Work& w = work[si];
-    constexpr size_t kAhead = 4;
     for (size_t u = 0; u < w.rows.size(); ++u) {
-      if (u + kAhead < w.rows.size()) {
-        const char* p = reinterpret_cast<const char*>(s.rows.row(w.rows[u + kAhead]));
-        for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 1);
-      }
       float* row = s.rows.row(w.rows[u]);
       const float* gu = w.sum_at[u] < 0 ? w.grad[u] : w.summed.data() + w.sum_at[u];
       opt.apply(row, row + dim_, gu, dim_, args);
-      s.rows.last_update(w.rows[u]) = stamp;
-      bump_count(s.rows.count(w.rows[u]));
+      s.rows.meta(w.rows[u]).last_update = stamp;
+      bump_count(s.rows.meta(w.rows[u]).count);
     }
-  });
+    w = Work();
+  };
+  for_each_key(g, keys, dedup, update);
   return enforce_capacity();
 }
 
@@ -483,10 +476,10 @@ int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_
   }
   auto score = [&](const Shard& s, int64_t r) -> double {
     switch (by) {
-      case RestrictBy::kRecency: return static_cast<double>(s.rows.last_update(r));
-      case RestrictBy::kFrequency: return static_cast<double>(s.rows.count(r));
+      case RestrictBy::kRecency: return static_cast<double>(s.rows.meta(r).last_update);
+      case RestrictBy::kFrequency: return static_cast<double>(s.rows.meta(r).count);
       case RestrictBy::kCustom: {
-        auto it = custom.find(s.rows.key(r));
+        auto it = custom.find(s.rows.meta(r).key);
         return it == custom.end() ? -std::numeric_limits<double>::infinity() : it->second;
       }
     }
@@ -553,12 +546,12 @@ int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, float* 
     }
     for (int64_t r = std::max<int64_t>(0, offset - base); r < sz && written < limit; ++r) {
       const float* row = rows.row(r);
-      if (keys) keys[written] = rows.key(r);
+      if (keys) keys[written] = rows.meta(r).key;
       if (values) std::memcpy(values + written * dim_, row, sizeof(float) * dim_);
       if (slots && ns)
         std::memcpy(slots + written * ns * dim_, row + dim_, sizeof(float) * ns * dim_);
-      if (last_update) last_update[written] = rows.last_update(r);
-      if (update_count) update_count[written] = rows.count(r);
+      if (last_update) last_update[written] = rows.meta(r).last_update;
+      if (update_count) update_count[written] = rows.meta(r).count;
       ++written;
     }
     base += sz;
@@ -580,8 +573,8 @@ int64_t Table::import_rows(const int64_t* keys, int64_t n, const float* values,
     float* row = s.rows.row(r);
     std::memcpy(row, values + i * dim_, sizeof(float) * dim_);
     if (slots && ns) std::memcpy(row + dim_, slots + i * ns * dim_, sizeof(float) * ns * dim_);
-    s.rows.last_update(r) = last_update ? last_update[i] : stamp;
-    s.rows.count(r) = update_count ? static_cast<uint32_t>(std::min<int64_t>(
+    s.rows.meta(r).last_update = last_update ? last_update[i] : stamp;
+    s.rows.meta(r).count = update_count ? static_cast<uint32_t>(std::min<int64_t>(
                                          std::max<int64_t>(update_count[i], 0), UINT32_MAX))
                                    : 0;
   });

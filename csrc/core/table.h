@@ -82,8 +82,14 @@ class Table {
   void for_each_shard(const Grouping& g, Fn&& fn);
   // Runs fn(shard index, shard, batch position i, hash, row or -1) for every key, shards in
   // parallel, batch order within a shard, with prefetching. fn may insert rows, not erase them.
+  // after_shard(shard index) runs on the same thread once a shard's keys are done, while its
+  // rows are still in cache.
+  template <class Fn, class After>
+  void for_each_key(const Grouping& g, const int64_t* keys, Fn&& fn, After&& after_shard);
   template <class Fn>
-  void for_each_key(const Grouping& g, const int64_t* keys, Fn&& fn);
+  void for_each_key(const Grouping& g, const int64_t* keys, Fn&& fn) {
+    for_each_key(g, keys, fn, [](int) {});
+  }
 
   // Inserts a new row for key (hash h) in shard s with its initial value and slots.
   int64_t insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp);
