@@ -135,3 +135,19 @@ def test_step_count_and_schedule_are_carried_in_the_table():
     np.testing.assert_allclose(rows, [-1.0, -1.5, -1.5 - 1 / 3], rtol=1e-6)
     assert int(t.step) == 3
     dej.destroy(t)
+
+
+def test_keras_flavor_matches_the_core_table_trained_the_keras_way():
+    """dej.optimizers.keras runs Keras' definition: the same step as dualemb.core with
+    flavor=keras (what dualemb.tf uses), bit for bit."""
+    from dualemb.core import Table
+
+    ids = np.array([3, 5, 3, 9], np.int64)
+    grads = np.random.default_rng(0).normal(size=(4, 4)).astype(np.float32)
+    opt = O.keras("adam", 0.01, beta_1=0.8)
+    assert opt.spec == {"name": "adam", "flavor": "keras", "beta_1": 0.8}
+    t = dej.create(4, initializer=dej.initializers.constant(0.5), optimizer=opt)
+    t = dej.apply_gradients(t, dej.ids(ids), jnp.asarray(grads))
+    ref = Table(dim=4, initializer=0.5, optimizer={"name": "adam", "flavor": "keras", "beta_1": 0.8})
+    ref.apply_gradients(ids, grads, lr=0.01, step=1)
+    np.testing.assert_array_equal(np.asarray(dej.lookup(t, dej.ids(ids))), ref.find(ids)[0])

@@ -35,11 +35,6 @@ def _layers_registered():
     return keras.saving.get_registered_name(de.keras.layers.Embedding) != "Embedding"
 
 
-def _variables_use_state():
-    var = de.Variable(dim=1, name="probe")
-    return var in saving._STATE_OF
-
-
 def make_model(shards=(2, 1), user_dim=4, lr=0.01):
     user = keras.Input((3,), dtype="int64", name="user")
     item = keras.Input((2,), dtype="int64", name="item")
@@ -347,8 +342,6 @@ def test_saved_model_serves_in_fresh_process(tmp_path, train_then_infer):
     assert not np.allclose(rows[:, 0], initial)
 
 
-@pytest.mark.skipif(not _variables_use_state(), reason="de.Variable does not track a "
-                    "saving.VariableState yet, so Keras' ExportArchive does not see its rows")
 def test_keras_export_serves_in_fresh_process(tmp_path, train_then_infer):
     model = train_then_infer
     x, _ = data(seed=4, n=32)

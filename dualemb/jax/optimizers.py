@@ -188,3 +188,11 @@ def from_spec(spec: dict, learning_rate: ScalarOrSchedule) -> Optimizer:
     flavor = spec.pop("flavor", "optax")
     hyper = tuple((k, v if isinstance(v, bool) else float(v)) for k, v in spec.items())
     return Optimizer(name, hyper, _lr(learning_rate), flavor)
+
+
+def keras(name: str, learning_rate: ScalarOrSchedule, **hyper) -> Optimizer:
+    """Keras 3's definition of optimizer ``name`` ("adam", "sgd", "adagrad", ...), fused in the
+    core with Keras' argument names and defaults (``beta_1``, ``epsilon``, ...): what
+    ``dualemb.tf``'s ``DynamicEmbeddingOptimizer`` runs, so a table trained in TensorFlow
+    continues in JAX bit for bit. E.g. ``keras("adam", 1e-3, beta_1=0.9)``."""
+    return from_spec({"name": name, "flavor": "keras", **hyper}, learning_rate)

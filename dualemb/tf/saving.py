@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import weakref
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -213,42 +212,10 @@ class _LazyExport:
         return value
 
 
-# Variables whose rows are saved by a tracked VariableState child (then the variable itself
-# contributes nothing, so nothing is saved twice).
-_STATE_OF: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-
-
-class VariableState(tf.saved_model.experimental.TrackableResource):
-    """The checkpoint unit of one de.Variable, as a tracked child object of it.
-
-    A Variable that tracks one (``self._state = saving.VariableState(self)``) is saved through
-    it: same tensors as :func:`serialize_variable`. Being a ``TrackableResource`` is what lets
-    Keras' ``model.export()`` (``ExportArchive``) carry the rows: it keeps the model's
-    TrackableResources but not other trackables. Its "resource" is a placeholder (the rows live
-    in the variable's tables, which the variable's ``TableShard`` resources re-create)."""
-
-    def __init__(self, var):
-        self._var = var
-        super().__init__()
-        _STATE_OF[var] = self
-
-    def _create_resource(self):
-        return tf.constant(0, tf.int64)
-
-    def _serialize_to_tensors(self):
-        return _serialize(self._var)
-
-    def _restore_from_tensors(self, restored_tensors):
-        return _restore(self._var, restored_tensors)
-
-
 def serialize_variable(var) -> dict:
     """``Variable._serialize_to_tensors``: {"keys", "values", "slots", "last_update",
     "update_count", "meta"} over all shards. Works eagerly and while tracing (SavedModel).
-    A variable made with ``checkpoint=False`` contributes nothing, nor one saved through its
-    :class:`VariableState`."""
-    if var in _STATE_OF:
-        return {}
+    A variable made with ``checkpoint=False`` contributes nothing."""
     return _serialize(var)
 
 
@@ -330,8 +297,6 @@ def _optimizer_of(meta: tf.Tensor) -> tf.Tensor:
 
 def restore_variable(var, restored: Mapping) -> tf.Operation | None:
     """``Variable._restore_from_tensors`` (see :func:`_restore`)."""
-    if var in _STATE_OF and not restored:
-        return None
     return _restore(var, restored)
 
 
