@@ -70,6 +70,21 @@ inline absl::Status GetDims(const std::string& op, int64_t id, TableDims* d) {
 }
 
 // Checks that `keys` have the table's key dtype.
+// Input 0 of every table op is the table id: reads it and the table's dims.
+inline absl::Status TableOf(OpKernelContext* ctx, int64_t* id, TableDims* d) {
+  absl::Status s = ScalarInput(ctx, 0, "table_id", id);
+  if (!s.ok()) return s;
+  return GetDims(ctx->op_kernel().name(), *id, d);
+}
+
+// Sets output `index` to an int64 scalar.
+inline absl::Status OutputScalar(OpKernelContext* ctx, int index, int64_t value) {
+  Tensor* out = nullptr;
+  absl::Status s = ctx->allocate_output(index, TensorShape({}), &out);
+  if (s.ok()) out->scalar<int64_t>()() = value;
+  return s;
+}
+
 inline absl::Status CheckKeys(const std::string& op, const TableDims& d, const Tensor& keys) {
   const int32_t kd = CoreKeyDtype(keys.dtype());
   if (kd != d.key_dtype)

@@ -74,9 +74,8 @@ class ImportOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     int64_t id;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
     TableDims d;
-    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));
+    OP_REQUIRES_OK(ctx, TableOf(ctx, &id, &d));
     const Tensor& keys = ctx->input(1);
     const Tensor& values = ctx->input(2);
     const Tensor& slots = ctx->input(3);
@@ -116,9 +115,7 @@ class ImportOp : public OpKernel {
       DE_CORE_CALL(ctx, de_import(id, d.key_dtype, keys.data(), n, values.flat<float>().data(),
                                   slot_ptr, d.num_slots, last_ptr, count_ptr, &evicted));
     }
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = evicted;
+    OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));
   }
 
  private:

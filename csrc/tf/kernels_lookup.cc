@@ -15,9 +15,8 @@ class FindOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     int64_t id;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
     TableDims d;
-    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));
+    OP_REQUIRES_OK(ctx, TableOf(ctx, &id, &d));
     const Tensor& keys = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
     OP_REQUIRES(ctx, d.dim == dim_,
@@ -52,9 +51,8 @@ class InsertOrAssignOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     int64_t id;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
     TableDims d;
-    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));
+    OP_REQUIRES_OK(ctx, TableOf(ctx, &id, &d));
     const Tensor& keys = ctx->input(1);
     const Tensor& values = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
@@ -64,9 +62,7 @@ class InsertOrAssignOp : public OpKernel {
       DE_CORE_CALL(ctx, de_insert_or_assign(id, d.key_dtype, keys.data(), keys.NumElements(),
                                             values.flat<float>().data(), &evicted));
     }
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = evicted;
+    OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));
   }
 };
 
@@ -76,9 +72,8 @@ class AccumOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     int64_t id;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
     TableDims d;
-    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));
+    OP_REQUIRES_OK(ctx, TableOf(ctx, &id, &d));
     const Tensor& keys = ctx->input(1);
     const Tensor& deltas = ctx->input(2);
     const Tensor& exists = ctx->input(3);
@@ -95,9 +90,7 @@ class AccumOp : public OpKernel {
                                  reinterpret_cast<const uint8_t*>(exists.flat<bool>().data()),
                                  &evicted));
     }
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = evicted;
+    OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));
   }
 };
 
@@ -107,9 +100,8 @@ class EraseOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     int64_t id;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
     TableDims d;
-    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));
+    OP_REQUIRES_OK(ctx, TableOf(ctx, &id, &d));
     const Tensor& keys = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
     if (keys.NumElements() > 0) {

@@ -24,9 +24,7 @@ absl::Status StringScalar(OpKernelContext* ctx, int index, const char* what, std
 }
 
 void OutputInt64(OpKernelContext* ctx, int64_t v) {
-  Tensor* out = nullptr;
-  OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-  out->scalar<int64_t>()() = v;
+  OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, v));
 }
 
 class CreateTableOp : public OpKernel {

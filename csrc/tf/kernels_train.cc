@@ -29,9 +29,7 @@ class ApplyGradientsOp : public OpKernel {
                                            grads.flat<float>().data(), lr.scalar<float>()(), step,
                                            &evicted));
     }
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = evicted;
+    OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));
   }
 };
 
@@ -63,9 +61,7 @@ class RestrictOp : public OpKernel {
                                   custom ? keys.data() : nullptr,
                                   custom ? scores.flat<float>().data() : nullptr,
                                   custom ? keys.NumElements() : 0, &removed));
-    Tensor* out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = removed;
+    OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, removed));
   }
 
  private:
