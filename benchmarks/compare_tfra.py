@@ -2,7 +2,8 @@
 """dualemb vs TFRA 0.8.1 on the same workloads, alternating the two sides in one run.
 
     DUALEMB_NATIVE_DIR=build/x/dualemb PYTHONPATH=. python benchmarks/compare_tfra.py \
-        [--tfra-python /work/tfra-venv/bin/python] [--rounds 5] [--quick] > results.json
+        [--tfra-python /work/tfra-venv/bin/python] [--rounds 5] [--quick] [--fit [--fit-only]] \
+        > results.json
 
 The TFRA side runs in a subprocess (benchmarks/tfra_worker.py) in a TFRA virtualenv: TF 2.16.2
 + TFRA 0.8.1 + tf_keras (TFRA cannot run on Keras 3). If --tfra-python does not exist, the venv
@@ -18,6 +19,18 @@ Workloads, for each dim in --dims and batch in --batches, on tables preloaded wi
 and, for a --ckpt-rows x --ckpt-dim table: checkpoint save/restore time and size (dualemb:
 `dualemb.core.checkpoint.save/load`; TFRA: `tf.train.Checkpoint.write/read` of the Variable,
 plus its FileSystemSaver), and the resident memory (RSS) of each side.
+
+--fit adds a model.fit comparison (--fit-only runs only that): 8 sparse features (ids: Zipf(1.2)
+ranks hashed into [0, 10M), generated from the same seed on both sides and checked by checksum),
+one dynamic `Embedding(16)` layer per feature (TFRA's `de.keras.layers.Embedding` on tf_keras;
+`dualemb.tf.keras.layers.Embedding` on Keras 3), concatenated, MLP 64-32-1, binary cross-entropy,
+batch 4096, Adam in `de.DynamicEmbeddingOptimizer`. Each side first runs an untimed warm-up fit
+(--fit-warmup steps), then per round one `model.fit(dataset, steps_per_epoch=--fit-steps,
+epochs=--fit-epochs)` on batches neither side has trained on yet (so the Zipf tail keeps inserting
+new ids), the two sides alternating; examples/s = batch x steps / epoch time, median over all
+epochs of all rounds. Then the forward pass of the 8 Embedding layers alone (one tf.function, a
+trained batch of 8 x 4096 keys) in keys/s, also alternating. The code of the model and its timing
+is shared (tfra_worker.FitRunner, given each side's tf, keras and de modules).
 
 Every measurement block runs the two sides back to back, the order alternating per round, on
 the same 4 pre-built batches (identical keys and values on both sides); the reported time is the
@@ -44,12 +57,6 @@ sys.path.insert(0, HERE)
 import tfra_worker as W  # noqa: E402  (pure numpy at import: shared workload generators)
 
 WORKLOADS = ("upsert", "lookup_present", "lookup_missing")
-
-# Hook for a model.fit examples/s comparison. When the demo model exists, set this to a callable
-# `fit(side: str, spec: dict) -> {"examples_per_s": float, ...}` for the dualemb side (and
-# implement TfraSide.fit in tfra_worker.py for the TFRA side); `--fit` then runs both.
-FIT_HOOK = None
-
 
 def log(*a):
     print(*a, file=sys.stderr, flush=True)
@@ -259,6 +266,41 @@ class DualembTfSide(DualembSide):
         return times
 
 
+class DualembFitSide:
+    """model.fit with `dualemb.tf` on Keras 3: tfra_worker.FitRunner given this interpreter's
+    tf, keras and dualemb.tf (the TFRA side is TfraSide.fit in the worker)."""
+
+    name = "dualemb.tf"
+
+    def __init__(self):
+        import keras
+        import tensorflow as tf
+        import dualemb.tf as de
+        self.tf, self.keras, self.de = tf, keras, de
+        self.fitter = None
+
+    def fit(self, action: str, spec: dict | None = None, r: int = 0):
+        if action == "setup":
+            self.fitter = W.FitRunner(self.tf, self.keras, self.de, spec)
+            out = self.fitter.setup()
+            out["versions"] = {"tf": self.tf.__version__, "keras": self.keras.__version__}
+            return out
+        if action == "round":
+            return self.fitter.round(r)
+        if action == "lookup":
+            return self.fitter.lookup(r)
+        if action == "drop":
+            out = self.fitter.drop()
+            self.fitter = None
+            return out
+        raise ValueError(f"unknown fit action {action!r}")
+
+
+# The dualemb side of the model.fit comparison (`--fit`): a class whose `fit(action, spec, r)`
+# mirrors TfraSide.fit in tfra_worker.py.
+FIT_HOOK = DualembFitSide
+
+
 class LocalSide:
     """Adapter giving an in-process side the worker's call interface."""
 
@@ -279,9 +321,9 @@ def run(args) -> dict:
     tfra_python = ensure_tfra_python(args.tfra_python, args.tfra_venv)
     tmp = tempfile.mkdtemp(prefix="dualemb_vs_tfra_")
     worker = TfraWorker(tfra_python, os.path.join(tmp, "tfra_worker.log"))
-    sides = {"dualemb": LocalSide(DualembSide())}
+    sides = {} if args.fit_only else {"dualemb": LocalSide(DualembSide())}
     notes = []
-    if not args.no_tf_column:
+    if not args.no_tf_column and not args.fit_only:
         try:
             tf_side = DualembTfSide()
             sides["dualemb.tf"] = LocalSide(tf_side)
@@ -297,8 +339,10 @@ def run(args) -> dict:
     result["tfra"]["python"] = tfra_python
     for name, s in sides.items():
         result["baseline_rss_mb"][name] = s.call("rss") if name == "tfra" else W.rss_mb()
+    if args.fit_only:
+        sides = {}
     try:
-        for dim in args.dims:
+        for dim in (() if args.fit_only else args.dims):
             for name, s in list(sides.items()):
                 log(f"[setup] {name}: {args.rows:,} rows x dim {dim}")
                 try:
@@ -336,19 +380,15 @@ def run(args) -> dict:
             for name, s in sides.items():
                 s.call("drop", dim=dim)
         if args.ckpt_dim not in args.dims or args.rows != args.ckpt_rows:
-            if not args.no_ckpt:
+            if not args.no_ckpt and not args.fit_only:
                 ck = [n for n in ("dualemb", "tfra") if n in sides]
                 for name in ck:
                     sides[name].call("setup", dim=args.ckpt_dim, n=args.ckpt_rows, seed=7)
                 run_checkpoint({n: sides[n] for n in ck}, args.ckpt_dim, args, result, notes)
                 for name in ck:
                     sides[name].call("drop", dim=args.ckpt_dim)
-        if args.fit:
-            if FIT_HOOK is None:
-                result["fit"] = {"skipped": "no demo model yet: set FIT_HOOK"}
-            else:
-                result["fit"] = {"dualemb": FIT_HOOK("dualemb", {}),
-                                 "tfra": worker.call("fit", spec={})}
+        if args.fit or args.fit_only:
+            result["fit"] = run_fit(worker, args, notes)
         W.trim()
         result["final_rss_mb"] = {"dualemb": W.rss_mb(), "tfra": worker.call("rss")}
         result["machine"]["load_avg_end"] = os.getloadavg()
@@ -356,6 +396,79 @@ def run(args) -> dict:
         worker.close()
         shutil.rmtree(tmp, ignore_errors=True)
     return result
+
+
+def run_fit(worker, args, notes) -> dict:
+    spec = W.fit_spec({"rounds": args.fit_rounds, "steps": args.fit_steps,
+                       "epochs": args.fit_epochs, "warmup": args.fit_warmup,
+                       "batch": args.fit_batch, "lookup_iters": args.fit_lookup_iters})
+    try:
+        sides = {"dualemb.tf": LocalSide(FIT_HOOK())}
+    except Exception as e:  # noqa: BLE001 (the TF front end may not be built)
+        msg = f"model.fit comparison skipped: dualemb.tf: {type(e).__name__}: {e}"
+        notes.append(msg)
+        log("[note]", msg)
+        return {"skipped": msg}
+    sides["tfra"] = worker
+    out = {"spec": spec, "setup": {}, "rounds": {n: [] for n in sides},
+           "lookup_s": {n: [] for n in sides}}
+    for name, s in sides.items():
+        n = spec["warmup"] + spec["rounds"] * spec["epochs"] * spec["steps"]
+        log(f"[fit] {name}: generating {n} batches of {spec['batch']}, building the model, "
+            f"{spec['warmup']} warm-up steps")
+        out["setup"][name] = s.call("fit", action="setup", spec=spec)
+        log(f"[fit] {name}: warm-up fit {out['setup'][name]['warmup_fit_s']:.1f} s")
+    sums = {n: x["ids_checksum"] for n, x in out["setup"].items()}
+    if len(set(sums.values())) != 1:
+        msg = f"model.fit: the two sides generated different ids (checksums {sums})"
+        notes.append(msg)
+        log("[note]", msg)
+    for r in range(spec["rounds"]):
+        order = list(sides) if r % 2 == 0 else list(reversed(sides))
+        for name in order:
+            res = sides[name].call("fit", action="round", r=r)
+            out["rounds"][name].append(res)
+            eps = spec["batch"] * spec["steps"] / statistics.median(res["epoch_s"])
+            log(f"[fit] round {r} {name}: epochs "
+                + ", ".join(f"{t:.2f} s" for t in res["epoch_s"])
+                + f" ({eps:,.0f} ex/s), loss {res['loss'][-1]:.4f}, load {res['load_avg']:.2f}")
+    for r in range(spec["rounds"]):
+        order = list(sides) if r % 2 == 0 else list(reversed(sides))
+        for name in order:
+            out["lookup_s"][name] += sides[name].call("fit", action="lookup", r=r)
+    rows = {n: v[-1]["rows"] for n, v in out["rounds"].items()}
+    if rows["tfra"] != rows["dualemb.tf"]:
+        msg = f"model.fit: table rows after training differ: {rows}"
+        notes.append(msg)
+        log("[note]", msg)
+    summary = {}
+    keys = spec["batch"] * spec["features"]
+    for name in sides:
+        epochs = [t for res in out["rounds"][name] for t in res["epoch_s"]]
+        eps = [spec["batch"] * spec["steps"] / t for t in epochs]
+        calls = [spec["batch"] * spec["steps"] * spec["epochs"] / res["fit_s"]
+                 for res in out["rounds"][name]]
+        lk = out["lookup_s"][name]
+        summary[name] = {
+            "examples_per_s": statistics.median(eps), "examples_per_s_min": min(eps),
+            "examples_per_s_max": max(eps), "n_epochs": len(eps),
+            "examples_per_s_whole_fit_calls": statistics.median(calls),
+            "step_ms": statistics.median(epochs) / spec["steps"] * 1e3,
+            "final_loss": out["rounds"][name][-1]["loss"][-1],
+            "rows_per_table": rows[name],
+            "lookup_median_s": statistics.median(lk),
+            "lookup_keys_per_s": keys / statistics.median(lk),
+            "rss_mb": out["rounds"][name][-1]["rss"]}
+    summary["ratio_examples_per_s"] = (summary["dualemb.tf"]["examples_per_s"]
+                                       / summary["tfra"]["examples_per_s"])
+    summary["ratio_lookup_keys_per_s"] = (summary["dualemb.tf"]["lookup_keys_per_s"]
+                                          / summary["tfra"]["lookup_keys_per_s"])
+    out["summary"] = summary
+    log(f"[fit] examples/s: dualemb.tf {summary['dualemb.tf']['examples_per_s']:,.0f}, TFRA "
+        f"{summary['tfra']['examples_per_s']:,.0f} ({summary['ratio_examples_per_s']:.2f}x)")
+    for name, s in sides.items():
+        s.call("fit", action="drop")
+    return out
 
 
 def run_checkpoint(sides, dim, args, result, notes):
@@ -382,6 +495,14 @@ def run_checkpoint(sides, dim, args, result, notes):
 def markdown(res: dict) -> str:
     cfg = res["config"]
     cols = [c for c in ("dualemb", "dualemb.tf") if any(c in v for v in res["timings"].values())]
+    if not res["timings"]:
+        lines = [f"### dualemb vs TFRA {res['tfra']['tfra_version']} (TF "
+                 f"{res['tfra']['tf_version']}): model.fit, {res['machine']['cpus']} CPUs"]
+        lines += markdown_fit(res)
+        if res["notes"]:
+            lines += [""] + [f"- {n}" for n in res["notes"]]
+        lines += load_line(res)
+        return "\n".join(lines)
     lines = [f"### dualemb vs TFRA {res['tfra']['tfra_version']} (TF {res['tfra']['tf_version']},"
              f" {res['tfra']['mode']}), {cfg['rows']:,}-key tables, "
              f"{res['machine']['cpus']} CPUs, {cfg['rounds']} alternating rounds", "",
@@ -447,13 +568,56 @@ def markdown(res: dict) -> str:
             pre.append(f"{name} dim {d}: {x['preload_zeros_s']:.2f} s")
     if pre:
         lines += ["", "Preloading 1 table in one upsert call: " + "; ".join(pre) + "."]
+    lines += markdown_fit(res)
     if res["notes"]:
         lines += [""] + [f"- {n}" for n in res["notes"]]
-    la0, la1 = res["machine"]["load_avg_start"], res["machine"].get("load_avg_end", (0,))
-    lines += ["", f"Load average at start {la0[0]:.2f}, at end {la1[0]:.2f} on "
-              f"{res['machine']['cpus']} CPUs: the machine is shared; "
-              "medians of alternating rounds damp, but do not remove, that noise."]
+    lines += load_line(res)
     return "\n".join(lines)
+
+
+def load_line(res: dict) -> list:
+    la0, la1 = res["machine"]["load_avg_start"], res["machine"].get("load_avg_end", (0,))
+    return ["", f"Load average at start {la0[0]:.2f}, at end {la1[0]:.2f} on "
+            f"{res['machine']['cpus']} CPUs: the machine is shared; "
+            "medians of alternating rounds damp, but do not remove, that noise."]
+
+
+def markdown_fit(res: dict) -> list:
+    fit = res.get("fit")
+    if not fit:
+        return []
+    if "summary" not in fit:
+        return ["", f"model.fit comparison: {fit.get('skipped', 'not run')}."]
+    sp, sm, st = fit["spec"], fit["summary"], fit["setup"]
+    loads = [x["load_avg"] for v in fit["rounds"].values() for x in v]
+    vers = st["dualemb.tf"].get("versions", {})
+    lines = ["", f"model.fit: {sp['features']} sparse features (Zipf({sp['zipf_a']}) ids over "
+             f"{sp['vocab']:,}), one dynamic Embedding({sp['dim']}) per feature, MLP "
+             f"{'-'.join(str(h) for h in sp['hidden'])}-1, binary cross-entropy, batch "
+             f"{sp['batch']:,}, Adam in DynamicEmbeddingOptimizer. {sp['warmup']} untimed warm-up"
+             f" steps, then {sp['rounds']} alternating rounds of one model.fit of {sp['epochs']} "
+             f"x {sp['steps']} steps on new batches; examples/s over each epoch, median (min-max)"
+             f" of {sm['tfra']['n_epochs']} epochs. Layer forward: the {sp['features']} Embedding"
+             f" layers on a trained batch ({sp['features'] * sp['batch']:,} keys) in one "
+             f"tf.function, median of {len(fit['lookup_s']['tfra'])}. 1-min load average during "
+             f"the rounds {min(loads):.2f}-{max(loads):.2f}.", "",
+             "| side | examples/s | step ms | speed-up | layer forward keys/s | speed-up | "
+             "rows/table at end | final loss |", "|---|---|---|---|---|---|---|---|"]
+    labels = {"tfra": f"TFRA {res['tfra']['tfra_version']} (tf_keras, TF "
+                      f"{res['tfra']['tf_version']})",
+              "dualemb.tf": f"dualemb.tf (Keras {vers.get('keras', '3')}, TF "
+                            f"{vers.get('tf', '?')})"}
+    for name in ("tfra", "dualemb.tf"):
+        x = sm[name]
+        up = "1.00x" if name == "tfra" else f"{sm['ratio_examples_per_s']:.2f}x"
+        lup = "1.00x" if name == "tfra" else f"{sm['ratio_lookup_keys_per_s']:.2f}x"
+        rows = x["rows_per_table"]
+        lines.append(f"| {labels[name]} | {x['examples_per_s']:,.0f} "
+                     f"({x['examples_per_s_min']:,.0f}-{x['examples_per_s_max']:,.0f}) | "
+                     f"{x['step_ms']:.1f} | {up} | "
+                     f"{x['lookup_keys_per_s'] / 1e6:.2f} M | {lup} | "
+                     f"{min(rows):,}-{max(rows):,} | {x['final_loss']:.4f} |")
+    return lines
 
 
 def main() -> None:
@@ -473,13 +637,27 @@ def main() -> None:
     ap.add_argument("--no-ckpt", action="store_true")
     ap.add_argument("--no-tf-column", action="store_true")
     ap.add_argument("--tf-upsert", action="store_true", help="also time dualemb.tf upserts")
-    ap.add_argument("--fit", action="store_true", help="model.fit comparison (FIT_HOOK)")
+    ap.add_argument("--fit", action="store_true", help="also run the model.fit comparison")
+    ap.add_argument("--fit-only", action="store_true",
+                    help="only the model.fit comparison (no table ops, no checkpoint)")
+    ap.add_argument("--fit-rounds", type=int, default=None,
+                    help="alternating timed model.fit calls per side (default 6)")
+    ap.add_argument("--fit-steps", type=int, default=None, help="steps_per_epoch (default 30)")
+    ap.add_argument("--fit-epochs", type=int, default=None,
+                    help="epochs per timed model.fit (default 2)")
+    ap.add_argument("--fit-warmup", type=int, default=None,
+                    help="steps of the untimed warm-up fit (default 5)")
+    ap.add_argument("--fit-batch", type=int, default=None, help="batch size (default 4096)")
+    ap.add_argument("--fit-lookup-iters", type=int, default=None,
+                    help="layer-forward lookups per side per round (default 20)")
     ap.add_argument("--quick", action="store_true", help="100k rows, 2 rounds (smoke test)")
     ap.add_argument("--markdown", default=None, help="also write the markdown table here")
     args = ap.parse_args()
     if args.quick:
         args.rows = args.ckpt_rows = 100_000
         args.rounds, args.ckpt_rounds = 2, 1
+        args.fit_rounds = args.fit_rounds or 2
+        args.fit_steps = args.fit_steps or 10
     res = run(args)
     md = markdown(res)
     res["markdown"] = md

@@ -5,8 +5,11 @@ requests, so the driver can alternate dualemb and TFRA measurements in one run. 
 mode with every table op wrapped in a `tf.function` (its fast path in TF2: no per-op Python
 dispatch); results are brought to numpy (`.numpy()`), as dualemb's numpy API returns them.
 
-The workload generators (`preload_keys`, `batch`) are pure numpy and shared with the driver, so
-both sides see identical keys and values for the same seeds.
+The workload generators (`preload_keys`, `batch`, `fit_batches`) are pure numpy and shared with
+the driver, so both sides see identical keys and values for the same seeds. So is the model.fit
+benchmark (`build_fit_model`, `FitRunner`): it takes the `tf`, `keras` and `de` modules of its side
+(TFRA: tf_keras + `tensorflow_recommenders_addons.dynamic_embedding`; dualemb: Keras 3 +
+`dualemb.tf`), so the two sides run the same code on the two APIs.
 """
 
 from __future__ import annotations
@@ -86,6 +89,186 @@ def dir_bytes(path: str) -> int:
     if os.path.isfile(path):
         return os.path.getsize(path)
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+# ---- model.fit benchmark (shared by both sides) -----------------------------------------------
+
+FIT_DEFAULTS = {
+    "features": 8,          # sparse features, one dynamic Embedding layer each
+    "dim": 16,              # embedding size
+    "vocab": 10_000_000,    # ids: numpy zipf(zipf_a) ranks hashed into [0, vocab)
+    "zipf_a": 1.2,
+    "batch": 4096,
+    "hidden": [64, 32],     # Dense relu layers, then Dense(1) (logits) + binary cross-entropy
+    "lr": 1e-3,             # Adam inside de.DynamicEmbeddingOptimizer
+    "steps": 30,            # steps_per_epoch
+    "epochs": 2,            # epochs per timed model.fit call (one call per side per round)
+    "rounds": 6,            # alternating rounds (even: each side goes first equally often)
+    "warmup": 5,            # steps of an untimed first model.fit (tracing, first inserts)
+    "lookup_iters": 20,     # per side per round, layer-forward lookups of one batch
+    "seed": 0,
+}
+
+
+def fit_spec(spec: dict | None) -> dict:
+    out = dict(FIT_DEFAULTS)
+    out.update({k: v for k, v in (spec or {}).items() if v is not None})
+    return out
+
+
+_ZIPF_TAIL = 2.0 ** 30
+
+
+def zipf_ranks(rng, a: float, n: int) -> np.ndarray:
+    """n Zipf(a) ranks (P(k) ~ k**-a, k >= 1), as numpy's Generator.zipf (Devroye's rejection
+    method) but written out on rng.random, because Generator.zipf itself draws different values
+    in numpy 1.26 (the TFRA venv) and numpy 2: this gives the same ranks in both. Ranks >= 2**30
+    (about 1.6% at a=1.2, where float rounding could differ between numpy builds) come back as 0
+    and are replaced by the caller with a uniform id, which is what hashing such a rank gives."""
+    am1 = a - 1.0
+    b = 2.0 ** am1
+    parts, have = [], 0
+    while have < n:
+        m = int((n - have) * 1.3) + 64
+        u = 1.0 - rng.random(m)
+        v = rng.random(m)
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            x = np.floor(u ** (-1.0 / am1))
+            t = (1.0 + 1.0 / x) ** am1
+            ok = (x >= 1) & (x < 2.0 ** 62) & (v * x * (t - 1.0) / (b - 1.0) <= t / b)
+        parts.append(x[ok])
+        have += int(ok.sum())
+    x = np.concatenate(parts)[:n]
+    x[x >= _ZIPF_TAIL] = 0
+    return x.astype(np.uint64)
+
+
+def fit_batches(spec: dict, start: int, count: int):
+    """Batches [start, start + count) of the fit workload: ids int64 [count, batch, features]
+    (feature f: key_of(zipf rank + f * 2**40) % vocab, so features do not share ids) and labels
+    float32 [count, batch, 1] (Bernoulli 0.25). Batch j depends only on (seed, j), and is the
+    same in the TFRA venv's numpy 1.26 and numpy 2 (see zipf_ranks; the checksum checks it)."""
+    b, f = spec["batch"], spec["features"]
+    ids = np.empty((count, b, f), np.int64)
+    labels = np.empty((count, b, 1), np.float32)
+    salt = np.arange(f, dtype=np.uint64) << np.uint64(40)
+    for j in range(count):
+        rng = np.random.default_rng([spec["seed"], start + j])
+        ranks = zipf_ranks(rng, spec["zipf_a"], b * f).reshape(b, f)
+        uniform = rng.integers(0, spec["vocab"], (b, f), dtype=np.int64)
+        with np.errstate(over="ignore"):
+            ids[j] = np.where(ranks == 0, uniform,
+                              key_of(ranks + salt) % np.int64(spec["vocab"]))
+        labels[j] = rng.random((b, 1)) < 0.25
+    return ids, labels
+
+
+def build_fit_model(keras, de, spec: dict):
+    """Inputs f0..f{F-1} int64 [B, 1] -> de Embedding(dim) each -> concat -> MLP -> 1 logit;
+    Adam wrapped in de.DynamicEmbeddingOptimizer, binary cross-entropy. Returns (model, layers)."""
+    dim = spec["dim"]
+    inputs = [keras.Input((1,), dtype="int64", name=f"f{i}") for i in range(spec["features"])]
+    layers = [de.keras.layers.Embedding(dim, name=f"fit_emb{i}") for i in range(len(inputs))]
+    x = keras.layers.Concatenate()(
+        [keras.layers.Reshape((dim,))(layer(inp)) for layer, inp in zip(layers, inputs)])
+    for k, units in enumerate(spec["hidden"]):
+        x = keras.layers.Dense(units, activation="relu",
+                               kernel_initializer=keras.initializers.GlorotUniform(seed=k + 1))(x)
+    out = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=99))(x)
+    model = keras.Model(inputs, out)
+    model.compile(optimizer=de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(spec["lr"])),
+                  loss=keras.losses.BinaryCrossentropy(from_logits=True))
+    return model, layers
+
+
+class FitRunner:
+    """One side of the model.fit benchmark. `setup` generates every batch it will train on
+    (warm-up + rounds x epochs x steps, all distinct, so the Zipf tail keeps inserting new ids as
+    in real training) and runs an untimed warm-up fit; `round(r)` is one model.fit of `epochs`
+    epochs of `steps` steps on batches not seen before, timed per epoch by a callback; `lookup`
+    times the forward pass of the Embedding layers alone (tf.function, all features of a
+    trained batch: features x batch keys per call)."""
+
+    def __init__(self, tf, keras, de, spec: dict):
+        self.tf, self.keras, self.de = tf, keras, de
+        self.spec = fit_spec(spec)
+
+    def _dataset(self, start: int, count: int):
+        ids, labels = self.ids[start:start + count], self.labels[start:start + count]
+        feats = {f"f{i}": ids[:, :, i:i + 1] for i in range(self.spec["features"])}
+        return self.tf.data.Dataset.from_tensor_slices((feats, labels))
+
+    def setup(self) -> dict:
+        tf, sp = self.tf, self.spec
+        total = sp["warmup"] + sp["rounds"] * sp["epochs"] * sp["steps"]
+        t0 = time.perf_counter()
+        self.ids, self.labels = fit_batches(sp, 0, total)
+        gen_s = time.perf_counter() - t0
+        self.model, self.layers = build_fit_model(self.keras, self.de, sp)
+        t0 = time.perf_counter()
+        self.model.fit(self._dataset(0, sp["warmup"]), steps_per_epoch=sp["warmup"], epochs=1,
+                       verbose=0, shuffle=False)
+        warmup_s = time.perf_counter() - t0
+        layers = self.layers
+
+        def forward(ids):
+            return tf.concat([layer(ids[:, i]) for i, layer in enumerate(layers)], axis=1)
+
+        self.forward = tf.function(forward)
+        return {"batches": total, "generate_s": gen_s, "warmup_fit_s": warmup_s,
+                "ids_checksum": int(self.ids.sum(dtype=np.uint64) % np.uint64(1 << 61)),
+                "threads": {"intra": tf.config.threading.get_intra_op_parallelism_threads(),
+                            "inter": tf.config.threading.get_inter_op_parallelism_threads()},
+                **rss_mb()}
+
+    def round(self, r: int) -> dict:
+        sp, keras = self.spec, self.keras
+        epoch_s = []
+
+        class Timer(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                self.t0 = time.perf_counter()
+
+            def on_epoch_end(self, epoch, logs=None):
+                epoch_s.append(time.perf_counter() - self.t0)
+
+        start = sp["warmup"] + r * sp["epochs"] * sp["steps"]
+        ds = self._dataset(start, sp["epochs"] * sp["steps"])
+        t0 = time.perf_counter()
+        hist = self.model.fit(ds, steps_per_epoch=sp["steps"], epochs=sp["epochs"], verbose=0,
+                              shuffle=False, callbacks=[Timer()])
+        fit_s = time.perf_counter() - t0
+        return {"epoch_s": epoch_s, "fit_s": fit_s,
+                "loss": [float(x) for x in hist.history["loss"]],
+                "rows": [int(layer.params.size()) for layer in self.layers],
+                "load_avg": os.getloadavg()[0], **rss_mb()}
+
+    def lookup(self, r: int) -> list:
+        """Seconds per forward of the Embedding layers on one trained batch (first call, which
+        traces, not counted)."""
+        tf, sp = self.tf, self.spec
+        trained = sp["warmup"] + sp["rounds"] * sp["epochs"] * sp["steps"]
+        if not hasattr(self, "_lookup_batches"):
+            self._lookup_batches = [tf.constant(self.ids[(j * 7919) % trained])
+                                    for j in range(4)]
+        bs = self._lookup_batches
+        times = []
+        for j in range(sp["lookup_iters"] + 1):
+            k = bs[(j + r) % len(bs)]
+            t0 = time.perf_counter()
+            self.forward(k).numpy()
+            dt = time.perf_counter() - t0
+            if j:
+                times.append(dt)
+        return times
+
+    def drop(self) -> dict:
+        for name in ("model", "layers", "forward", "ids", "labels", "_lookup_batches"):
+            self.__dict__.pop(name, None)
+        import gc
+        gc.collect()
+        trim()
+        return rss_mb()
 
 
 class TfraSide:
@@ -215,9 +398,21 @@ class TfraSide:
         assert int(var.size()) == n
         return out
 
-    def fit(self, spec: dict) -> dict:
-        """Hook for the model.fit examples/s comparison (the demo model is not written yet)."""
-        return {"skipped": "no TFRA demo model yet (benchmarks/compare_tfra.py FIT_HOOK)"}
+    def fit(self, action: str, spec: dict | None = None, r: int = 0):
+        """The model.fit comparison (FitRunner on tf_keras + TFRA): action "setup" (with spec),
+        "round" (timed model.fit number r), "lookup" (layer-forward timings) or "drop"."""
+        if action == "setup":
+            self.fitter = FitRunner(self.tf, self.tf.keras, self.de, spec)
+            return self.fitter.setup()
+        if action == "round":
+            return self.fitter.round(r)
+        if action == "lookup":
+            return self.fitter.lookup(r)
+        if action == "drop":
+            out = self.fitter.drop()
+            self.fitter = None
+            return out
+        raise ValueError(f"unknown fit action {action!r}")
 
 
 def main() -> None:
