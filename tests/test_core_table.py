@@ -43,7 +43,7 @@ def test_find_or_insert_inserts_initializer_rows():
     t = Table(dim=4, initializer=initializers.normal(0, 1, seed=9))
     expected = t.initial_values(np.array([1, 2]))
     values, exists = t.find_or_insert(np.array([1, 2, 1]))
-    assert not exists[0] and not exists[1]
+    assert not exists.any()  # the repeated key did not exist before the call either
     np.testing.assert_array_equal(values[:2], expected)
     np.testing.assert_array_equal(values[2], expected[0])
     assert t.size() == 2

@@ -300,7 +300,9 @@ int64_t Table::find_or_insert(const int64_t* keys, int64_t n, float* values, uin
   Grouping g;
   group_by_shard(keys, n, &g);
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
-    if (exists) exists[i] = r >= 0;
+    // A row stamped by this very call was inserted by an earlier duplicate of the key: it did
+    // not exist before the call.
+    if (exists) exists[i] = r >= 0 && s.rows.meta(r).last_update != stamp;
     if (r < 0) {
       r = insert_new(s, keys[i], h, stamp);
       init_.fill(static_cast<uint64_t>(keys[i]), s.rows.row(r));
