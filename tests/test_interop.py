@@ -315,3 +315,19 @@ def test_dense_names_of_tf_save_convert_to_interop_names(tf_leg1, tmp_path):
         t = dej.load(tmp_path / "de_save", f"{name}-parameter", learning_rate=0.1)
         assert int(np.asarray(t.step)) == TINY.steps
         _assert_same_table(runner.core_tables()[name], t.core())
+
+
+def test_jax_load_of_a_tf_save_continues_with_the_recorded_learning_rate(tmp_path):
+    """de.save records a constant learning rate, so dej.load needs no learning_rate=."""
+    from dualemb.tf import saving
+
+    ids = keras.Input((2,), dtype="int64")
+    emb = de.keras.layers.Embedding(4, name="lr_emb")
+    model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Flatten()(emb(ids))))
+    model.compile(de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.025)), "mse")
+    x = np.arange(16, dtype=np.int64).reshape(8, 2)
+    model.fit(x, np.ones((8, 1), np.float32), batch_size=8, verbose=0)
+    saving.save(model, tmp_path / "ckpt")
+    t = dej.load(tmp_path / "ckpt", "lr_emb-parameter")
+    assert t.optimizer.learning_rate == pytest.approx(0.025)
+    assert t.optimizer.spec["flavor"] == "keras" and int(np.asarray(t.step)) == 1

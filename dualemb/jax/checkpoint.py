@@ -102,6 +102,8 @@ def _resolve_optimizer(name, entry, info, optimizer, learning_rate):
     if not spec:
         return None
     lr = learning_rate if learning_rate is not None else info.get("learning_rate")
+    if lr is None:  # recorded by another front end (dualemb.tf.save), when it was a constant
+        lr = info.get("neutral_learning_rate")
     if lr is None:
         raise ValueError(
             f"table {name!r} has optimizer {spec['name']!r} but the checkpoint does not record "
@@ -140,7 +142,9 @@ def load(path, name: str | None = None, *, optimizer=None, learning_rate=None,
         raise _ckpt.CheckpointError(f"table {name!r} is not in the checkpoint at {path} "
                                     f"(it has {names})")
     entry = entries[name]
-    info = (manifest.get("metadata") or {}).get(META_KEY, {}).get(name, {})
+    metadata = manifest.get("metadata") or {}
+    info = dict(metadata.get(META_KEY, {}).get(name, {}))
+    info["neutral_learning_rate"] = metadata.get("learning_rates", {}).get(name)
     opt = _resolve_optimizer(name, entry, info, optimizer, learning_rate)
     step = int(entry.get("step") or 0)
     generic = opt is not None and not isinstance(opt, _opts.Optimizer)

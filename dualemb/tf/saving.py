@@ -532,6 +532,19 @@ def _iterations(optimizer):
     return None if it is None else int(np.asarray(it))
 
 
+def _constant_learning_rate(optimizer):
+    """The optimizer's learning rate if it is a constant (a schedule cannot be recorded)."""
+    import keras
+
+    if optimizer is None or isinstance(getattr(optimizer, "_learning_rate", None),
+                                       keras.optimizers.schedules.LearningRateSchedule):
+        return None
+    try:
+        return float(np.asarray(optimizer.learning_rate))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 def _dense_groups(obj, optimizer) -> dict:
     """{"model": [(path, variable)], "optimizer": [...]}: a Keras obj's weights and its Keras
     optimizer's variables, in their own order."""
@@ -577,6 +590,10 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
             "variables": {name: {"num_shards": len(t), "dim": int(var.dim)}
                           for (name, var), t in zip(variables.items(), tables.values())},
             "dense_order": order}
+    lr = _constant_learning_rate(optimizer)
+    if lr is not None:
+        # Front-end neutral: lets dualemb.jax.load continue with the same learning rate.
+        meta["learning_rates"] = {name: lr for name in variables}
     if metadata:
         meta["user"] = dict(metadata)
     _ckpt.save(os.fspath(path), tables, steps=step, dense=dense or None, metadata=meta)
