@@ -251,19 +251,7 @@ class DualembTfSide(DualembSide):
                 tuple(None if a is None else tf.constant(a)
                       for a in W.batch(workload, n_present, size, dim, seed * 1000 + j))
                 for j in range(4)]
-        bs = self.batches[key]
-        times = []
-        for j in range(iters + 1):
-            k, v = bs[j % len(bs)]
-            t0 = time.perf_counter()
-            if workload == "upsert":
-                fns["upsert"](k, v)
-            else:
-                fns["lookup"](k).numpy()
-            dt = time.perf_counter() - t0
-            if j:
-                times.append(dt)
-        return times
+        return W.time_table_ops(fns, self.batches[key], workload, iters)
 
 
 class DualembFitSide:

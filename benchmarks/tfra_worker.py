@@ -56,6 +56,23 @@ def batch(workload: str, n_present: int, size: int, dim: int, seed: int):
     return keys, values
 
 
+def time_table_ops(fns: dict, batches: list, workload: str, iters: int) -> list:
+    """Seconds per call of fns["upsert"](keys, values) or fns["lookup"](keys), cycling through
+    `batches`; the first call traces / warms up and is not counted. Both sides use this."""
+    times = []
+    for j in range(iters + 1):
+        k, v = batches[j % len(batches)]
+        t0 = time.perf_counter()
+        if workload == "upsert":
+            fns["upsert"](k, v)
+        else:
+            fns["lookup"](k).numpy()
+        dt = time.perf_counter() - t0
+        if j:
+            times.append(dt)
+    return times
+
+
 def rss_mb() -> dict:
     """Current and peak resident memory of this process (MiB), from /proc/self/status."""
     out = {}
@@ -348,18 +365,7 @@ class TfraSide:
         kind = "normal" if workload == "lookup_missing" else "zeros"
         fns = self.fns[(kind, dim)]
         bs = self._batches(workload, dim, size, n_present, seed, 4)
-        times = []
-        for j in range(iters + 1):  # the first call traces/warms up and is not counted
-            k, v = bs[j % len(bs)]
-            t0 = time.perf_counter()
-            if workload == "upsert":
-                fns["upsert"](k, v)
-            else:
-                fns["lookup"](k).numpy()
-            dt = time.perf_counter() - t0
-            if j:
-                times.append(dt)
-        return times
+        return time_table_ops(fns, bs, workload, iters)
 
     def checkpoint(self, dim: int, directory: str) -> dict:
         tf = self.tf

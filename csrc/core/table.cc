@@ -92,7 +92,7 @@ Table::Table(const std::string& config_text) {
 
 int64_t Table::chunk_shift_for(int64_t width) const {
   // About 256 KiB of values per chunk, between 16 and 4096 rows.
-  int64_t bytes = width * 4 + 20, shift = 4;
+  int64_t bytes = width * 4 + static_cast<int64_t>(sizeof(RowMeta)), shift = 4;
   while (shift < 12 && (bytes << (shift + 1)) <= (256 << 10)) ++shift;
   return shift;
 }
