@@ -74,7 +74,7 @@ int copy_out(const std::string& s, char* buf, size_t buflen, size_t* needed) {
 extern "C" {
 
 const char* de_last_error(void) { return g_last_error.c_str(); }
-const char* de_version(void) { return "0.1.0"; }
+const char* de_version(void) { return DUALEMB_VERSION; }  // from dualemb/__init__.py (CMake)
 
 int de_table_create(int64_t id, const char* config, int64_t* out_id) {
   return guarded("create table", [&] {

@@ -49,6 +49,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from dualemb.core.routing import shard_of
+
 __all__ = ["read_tfra_checkpoint", "read_tfra_file_system", "load_tfra_into",
            "default_partition", "SLOT_MAP"]
 
@@ -101,10 +103,7 @@ def default_partition(keys: np.ndarray, num_shards: int) -> np.ndarray:
 
     (TFRA's CUDA build masks int64 keys to 31 bits first; pass a custom partitioner for that.)
     """
-    keys = np.asarray(keys)
-    if num_shards == 1:
-        return np.zeros(keys.shape, np.int64)
-    return np.mod(keys, num_shards).astype(np.int64)
+    return shard_of(np.asarray(keys), num_shards).astype(np.int64)
 
 
 # ---- grouping variables into primaries and slots ---------------------------------------------

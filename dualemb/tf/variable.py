@@ -33,6 +33,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
+from dualemb.core.routing import shard_of
 from dualemb.core.spec import to_spec
 from dualemb.tf import ops
 from dualemb.tf import initializers as de_inits
@@ -49,7 +50,7 @@ def default_partition_fn(keys, shard_num):
     """Shard index of each key: floored ``key mod shard_num`` (int32); all 0 for one shard."""
     if shard_num == 1:
         return tf.zeros_like(keys, dtype=tf.int32)
-    return tf.cast(tf.math.floormod(keys, tf.cast(shard_num, keys.dtype)), tf.int32)
+    return tf.cast(shard_of(keys, shard_num), tf.int32)
 
 
 def _as_dtype(dtype, allowed, what):

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -47,8 +48,36 @@ def aside_path(path: str) -> str:
     return os.path.join(parent, f".{base}.old")
 
 
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def local_path(path) -> str:
+    """``path`` as a local filesystem path; ``file://`` URLs are accepted.
+
+    Any other URL scheme (``gs://``, ``s3://``, ``hdfs://``...) is refused with a ``ValueError``
+    naming it: the crash-safe publication above needs an atomic directory rename, which object
+    stores do not offer, and treating the URL as a relative local path would silently write to
+    ``./gs:/bucket/...``. Save locally, then copy the finished directory with the store's tools.
+    """
+    text = os.fsdecode(os.fspath(path))
+    m = _URL.match(text)
+    if m is None:
+        return text
+    scheme = m.group(1).lower()
+    if scheme == "file":
+        rest = text[len(m.group(0)):]
+        if not rest.startswith("/"):
+            raise ValueError(f"file URL {text!r} must name an absolute path (file:///dir/ckpt)")
+        return rest
+    raise ValueError(
+        f"checkpoint path {text!r} uses the URL scheme '{scheme}://', which dualemb checkpoints "
+        "do not support: a checkpoint is published by an atomic directory rename, which such "
+        "stores lack. Save to a local directory and copy it (e.g. gsutil cp -r / aws s3 cp "
+        "--recursive).")
+
+
 def normalize(path) -> str:
-    p = os.path.abspath(os.fspath(path))
+    p = os.path.abspath(local_path(path))
     if os.path.basename(p) in ("", ".", ".."):
         raise ValueError(f"invalid checkpoint path {path!r}")
     return p

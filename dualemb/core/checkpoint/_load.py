@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dualemb.core.checkpoint import _fs
+from dualemb.core.routing import shard_of
 from dualemb.core.checkpoint._manifest import (KEY_DTYPES, MANIFEST, META_TENSORS, SLOT_PREFIX,
                                                VALUE_DTYPES, CheckpointError, validate)
 from dualemb.core.checkpoint._safetensors import Reader, crc32_combine
@@ -59,7 +60,7 @@ def load_dense(path) -> dict:
 
 
 def _default_partitioner(keys: np.ndarray, n: int) -> np.ndarray:
-    return np.mod(keys, n)
+    return shard_of(keys, n)
 
 
 def _route(partitioner, keys: np.ndarray, n: int, name: str) -> np.ndarray:
