@@ -35,6 +35,7 @@ import tensorflow as tf
 from dualemb.core import checkpoint as _ckpt
 from dualemb.core.checkpoint import CheckpointError
 from dualemb.core.table import Table
+from dualemb.tf.trainable import is_trainable_wrapper
 
 __all__ = [
     "CheckpointError", "serialize_variable", "restore_variable", "layer_save_own_variables",
@@ -444,7 +445,8 @@ def layer_load_own_variables(layer, store) -> None:
         _eager_checks(_var_facts(var), t, where)
         restored.append((var, t))
     for i, v in enumerate(all_vars):
-        v.assign(store[f"{i}"])
+        if not is_trainable_wrapper(v):  # an anchor holds nothing; its table is imported below
+            v.assign(store[f"{i}"])
     for var, t in restored:
         _import_tensors(var, _var_facts(var), t, [])
 
@@ -552,7 +554,9 @@ def _dense_groups(obj, optimizer) -> dict:
 
     groups = {}
     if isinstance(obj, keras.layers.Layer):
-        groups["model"] = [(v.path, v) for v in obj.weights]
+        # Gradient anchors hold nothing (their tables are saved as tables): leaving them out also
+        # keeps their numpy(), a full table snapshot, from running.
+        groups["model"] = [(v.path, v) for v in obj.weights if not is_trainable_wrapper(v)]
     if optimizer is not None and isinstance(optimizer, keras.optimizers.Optimizer):
         groups["optimizer"] = [(v.path, v) for v in optimizer.variables]
     return groups
@@ -682,7 +686,8 @@ def _plan_dense(obj, optimizer, dense: dict, order: dict, strict: bool, where: s
         prefix = group + "/"
         saved_order = order.get(group) or sorted(k[len(prefix):] for k in dense
                                                  if k.startswith(prefix))
-        saved_order = [p for p in saved_order if prefix + p in dense]
+        # Older checkpoints also list the (0, dim) anchors: they hold nothing, skip them.
+        saved_order = [p for p in saved_order if prefix + p in dense and dense[prefix + p].size]
         paths = [p for p, _ in items]
         if all(p in saved_order for p in paths):
             pairs = [(v, dense[prefix + p]) for p, v in items]

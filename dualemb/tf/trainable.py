@@ -24,6 +24,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from dualemb.tf import weights_snapshot
+
 
 def _variable_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.\-]", "_", name) or "trainable"
@@ -55,7 +57,16 @@ class TrainableWrapper(keras.Variable):
                 f"the gradient of dynamic embedding {self._de_params.name!r} (trainable "
                 f"{self._de_name!r}) was given to a plain Keras optimizer: wrap it with "
                 "de.DynamicEmbeddingOptimizer(optimizer), which applies it to the table")
-        return super().assign(value)
+        # The anchor holds nothing; what set_weights means for it is "restore the table"
+        # (dualemb/tf/weights_snapshot.py), and a value that cannot do that must not be ignored.
+        weights_snapshot.restore(self._de_params, value)
+        return self
+
+    def numpy(self):
+        """A ``TableSnapshot``: the ``(0, dim)`` anchor value carrying a copy of the table, so
+        ``model.get_weights()`` / ``set_weights()`` (EarlyStopping's restore_best_weights) include
+        the table."""
+        return weights_snapshot.take(self._de_params)
 
     @property
     def params(self):
