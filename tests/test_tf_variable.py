@@ -139,6 +139,16 @@ def test_int32_keys_and_half_values():
     (tf.ones_initializer(), core_inits.constant(1.0)),
     (tf.constant_initializer(2.0), core_inits.constant(2.0)),
     ("zeros", core_inits.zeros()),
+    # TF1 initializers that still ship with TF 2.21 (TFRA accepts them).
+    (tf.compat.v1.random_normal_initializer(0.5, 0.1, seed=3), core_inits.normal(0.5, 0.1, 3)),
+    (tf.compat.v1.truncated_normal_initializer(0.0, 0.2, seed=9),
+     core_inits.truncated_normal(0.0, 0.2, 9)),
+    (tf.compat.v1.random_uniform_initializer(-0.3, 0.3, seed=1), core_inits.uniform(-0.3, 0.3, 1)),
+    (tf.compat.v1.random_uniform_initializer(seed=2), core_inits.uniform(0.0, 1.0, 2)),  # TF1 default
+    (tf.compat.v1.constant_initializer(4.0), core_inits.constant(4.0)),
+    (tf.compat.v1.constant_initializer([1.0, 2.0, 3.0]), core_inits.vector([1.0, 2.0, 3.0])),
+    (tf.compat.v1.zeros_initializer(), core_inits.zeros()),
+    (tf.compat.v1.ones_initializer(), core_inits.constant(1.0)),
 ])
 def test_initializer_mapping(initializer, expected):
     assert de_inits.to_spec(initializer, 3, "x") == expected

@@ -10,7 +10,9 @@ and JAX, on any shard count (TFRA draws from a stateful RNG on every lookup inst
   ``TruncatedNormal``, ``RandomUniform``, ``Zeros``, ``Ones``, ``Constant``, their string names
   (``"random_normal"``...), and TensorFlow's ``tf.random_normal_initializer``,
   ``tf.random_uniform_initializer``, ``tf.zeros_initializer``, ``tf.ones_initializer``,
-  ``tf.constant_initializer``.
+  ``tf.constant_initializer``, and their TF1 forms in ``tf.compat.v1`` (``random_normal_initializer``,
+  ``truncated_normal_initializer``, ``random_uniform_initializer`` whose ``maxval=None`` means 1,
+  ``constant_initializer``, ``zeros_initializer``, ``ones_initializer``).
 - A ``dualemb.core.initializers`` spec dict.
 
 Seeds: an integer seed is used as is. **A seed of None is replaced by a fixed seed derived from
@@ -35,7 +37,7 @@ SUPPORTED = ("None, a number, an array of length dim (or 1), a dualemb.core.init
              "keras.initializers.RandomNormal / TruncatedNormal / RandomUniform / Zeros / Ones / "
              "Constant (or their string names), or tf.random_normal_initializer / "
              "tf.random_uniform_initializer / tf.zeros_initializer / tf.ones_initializer / "
-             "tf.constant_initializer")
+             "tf.constant_initializer, or their tf.compat.v1 forms")
 
 _KERAS_RANDOM = {
     keras.initializers.RandomNormal: "normal",
@@ -52,6 +54,16 @@ try:  # TF's own v2 truncated normal (tf.initializers.* are Keras' in TF 2.21)
     _TF_RANDOM[_init_ops_v2.TruncatedNormal] = "truncated_normal"
 except ImportError:  # pragma: no cover
     _init_ops_v2 = None
+
+# TF1's initializer classes (tf.compat.v1.*_initializer), which TFRA code still passes.
+_V1 = tf.compat.v1
+_TF_RANDOM[type(_V1.random_normal_initializer())] = "normal"
+_TF_RANDOM[type(_V1.truncated_normal_initializer())] = "truncated_normal"
+_TF_RANDOM[type(_V1.random_uniform_initializer())] = "uniform"
+_ZEROS = (keras.initializers.Zeros, tf.zeros_initializer, type(_V1.zeros_initializer()))
+_ONES = (keras.initializers.Ones, tf.ones_initializer, type(_V1.ones_initializer()))
+_CONSTANT = (keras.initializers.Constant, tf.constant_initializer,
+             type(_V1.constant_initializer()))
 
 
 def name_seed(name: str) -> int:
@@ -75,7 +87,10 @@ def _seed(seed, name: str) -> int:
 def _random_spec(kind: str, config: dict, name: str) -> dict:
     seed = _seed(config.get("seed"), name)
     if kind == "uniform":
-        return core_inits.uniform(config.get("minval", -0.05), config.get("maxval", 0.05), seed)
+        maxval = config.get("maxval", 0.05)
+        if maxval is None:  # TF1's random_uniform_initializer: "defaults to 1 for float types"
+            maxval = 1.0
+        return core_inits.uniform(config.get("minval", -0.05), maxval, seed)
     mean, stddev = config.get("mean", 0.0), config.get("stddev", 0.05)
     if kind == "normal":
         return core_inits.normal(mean, stddev, seed)
@@ -116,11 +131,11 @@ def to_spec(initializer, dim: int, name: str = "") -> dict:
         if type(initializer) is cls:
             return _random_spec(kind, initializer.get_config(), name)
     kind_of = type(initializer)
-    if kind_of in (keras.initializers.Zeros, tf.zeros_initializer):
+    if kind_of in _ZEROS:
         return core_inits.zeros()
-    if kind_of in (keras.initializers.Ones, tf.ones_initializer):
+    if kind_of in _ONES:
         return core_inits.constant(1.0)
-    if kind_of in (keras.initializers.Constant, tf.constant_initializer):
+    if kind_of in _CONSTANT:
         return _value_spec(initializer.get_config()["value"], dim)
     raise TypeError(f"unsupported initializer {initializer!r} (type {kind_of.__name__}); "
                     f"supported: {SUPPORTED}")
