@@ -63,8 +63,11 @@ def test_squashed_embedding(combiner):
     reduce = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[combiner]
     np.testing.assert_allclose(layer(ids).numpy(), reduce(rows, axis=(1, 2)), rtol=1e-6)
     assert layer.compute_output_shape((None, 2, 2)) == (None, 3)
-    flat = layer(tf.constant([1, 2], tf.int64))
-    assert flat.shape == (2, 3)
+    # 1-D ids are one example (TFRA): pooled over all of them -> [dim].
+    one = np.array([1, 2, 5, 2], np.int64)
+    np.testing.assert_allclose(layer(tf.constant(one)).numpy(),
+                               reduce(layer.params.lookup(one).numpy(), axis=0), rtol=1e-6)
+    assert layer.compute_output_shape((4,)) == (3,)
 
 
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])

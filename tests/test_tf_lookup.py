@@ -152,6 +152,19 @@ def test_safe_embedding_lookup_sparse_rank3(table):
     np.testing.assert_array_equal(out[1, 1], np.zeros(DIM))
 
 
+def test_safe_embedding_lookup_sparse_refuses_other_dtypes(table):
+    """As TFRA: ids of another dtype than key_dtype, and weights of another dtype than
+    value_dtype, raise TypeError (no silent cast)."""
+    var, _, _ = table
+    ids32 = tf.SparseTensor([[0, 0]], np.array([3], np.int32), [1, 1])
+    with pytest.raises(TypeError, match="int32"):
+        de.safe_embedding_lookup_sparse(var, ids32, None)
+    ids = tf.SparseTensor([[0, 0]], np.array([3], np.int64), [1, 1])
+    w64 = tf.SparseTensor([[0, 0]], np.array([2.0], np.float64), [1, 1])
+    with pytest.raises(TypeError, match="float64"):
+        de.safe_embedding_lookup_sparse(var, ids, w64)
+
+
 def test_lookups_never_insert_even_under_a_tape():
     var = de.Variable(dim=2, name="no_insert", initializer=keras.initializers.RandomNormal(seed=1))
     with tf.GradientTape():

@@ -173,6 +173,10 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
     sparse_ids = _as_sparse(sparse_ids, "sparse_ids")
     sparse_weights = _check_weights(sparse_ids, sparse_weights, "sparse_weights")
     params._keys(sparse_ids.values, "sparse_ids.values")
+    if sparse_weights is not None and sparse_weights.dtype != params.value_dtype:
+        # TFRA's (and tf.nn's) safe lookup refuses this rather than casting the weights.
+        raise TypeError(f"sparse_weights have dtype {sparse_weights.dtype.name}, but "
+                        f"Variable {params.name!r} has value_dtype {params.value_dtype.name}")
 
     original_shape = sparse_ids.dense_shape
     reshaped = (sparse_ids.shape.rank or 2) > 2

@@ -207,7 +207,8 @@ BasicEmbedding = Embedding
 class SquashedEmbedding(Embedding):
     """``Embedding`` followed by pooling with ``combiner`` ("sum", "mean", "max" or "min") over
     every axis but the first (batch) and the last: ids ``[batch, ...]`` -> ``[batch, dim]``
-    (ids ``[batch]`` give ``[batch, dim]`` unchanged; ragged ids pool their ragged axis)."""
+    (ragged ids pool their ragged axis). As in TFRA, 1-D ids are one example: ids ``[n]`` pool
+    over all ``n`` and give ``[dim]``."""
 
     def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
                  combiner="sum", initializer=None, devices=None, name="DynamicEmbeddingLayer",
@@ -226,11 +227,15 @@ class SquashedEmbedding(Embedding):
             for _ in range(emb.ragged_rank):
                 emb = reduce(emb, axis=1)
         rank = emb.shape.rank
-        if rank is not None and rank > 2:
+        if rank == 2:  # ids [n]: a single example (TFRA's squashing), -> [dim]
+            emb = reduce(emb, axis=0)
+        elif rank is not None and rank > 2:
             emb = reduce(emb, axis=list(range(1, rank - 1)))
         return emb
 
     def compute_output_shape(self, input_shape):
+        if len(input_shape) == 1:
+            return (self.embedding_size,)
         return (input_shape[0], self.embedding_size)
 
 
