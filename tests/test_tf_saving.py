@@ -13,7 +13,7 @@ import tensorflow as tf
 from dualemb.core import Table
 from dualemb.core import checkpoint as core_ckpt
 from dualemb.core.checkpoint import CheckpointError
-from dualemb.tf import saving
+from dualemb.tf import saving, variable_state
 from dualemb.tf.variable import Variable
 
 ADAM = "name=adam;flavor=keras;beta_1=0.9;beta_2=0.999;epsilon=1e-07;amsgrad=false"
@@ -93,7 +93,7 @@ def test_checkpoint_tensor_layout(tmp_path):
     assert shapes[prefix + "last_update"] == [len(keys)]
     assert shapes[prefix + "update_count"] == [len(keys)]
     reader = tf.train.load_checkpoint(path)
-    meta = saving._parse_meta(reader.get_tensor(prefix + "meta"), "test")
+    meta = variable_state.parse_meta(reader.get_tensor(prefix + "meta"), "test")
     assert meta["dim"] == 4 and meta["key_dtype"] == "int64" and meta["num_shards"] == 3
     assert "name=adam" in meta["describe"].partition("|")[2]
     np.testing.assert_array_equal(np.sort(reader.get_tensor(prefix + "keys")), np.sort(keys))
@@ -166,7 +166,7 @@ def test_restore_inside_tf_function_graph(tmp_path):
     """The restore path also works in graph mode (what a SavedModel stores)."""
     var, _ = trained_variable()
     before = contents(var)
-    tensors = {k: tf.identity(v) for k, v in saving._export_tensors(var).items()}
+    tensors = {k: tf.identity(v) for k, v in variable_state.export_tensors(var).items()}
     scramble(var)
 
     @tf.function
@@ -242,7 +242,7 @@ def test_restore_into_other_dim_or_dtype_is_refused(tmp_path, kwargs, what):
 
 def test_restore_refused_in_graph_mode_leaves_table_unchanged():
     var, _ = trained_variable()
-    tensors = saving._export_tensors(var)
+    tensors = variable_state.export_tensors(var)
     other = Variable(dim=5, name="other5")
     other.upsert(tf.constant([1], tf.int64), tf.ones([1, 5]))
     unchanged = contents(other)
@@ -258,7 +258,7 @@ def test_restore_refused_in_graph_mode_leaves_table_unchanged():
 
 def test_restore_of_corrupt_description_is_refused():
     var, _ = trained_variable()
-    tensors = dict(saving._export_tensors(var))
+    tensors = dict(variable_state.export_tensors(var))
     other = Variable(dim=4, name="o")
     other.upsert(tf.constant([1], tf.int64), tf.ones([1, 4]))
     unchanged = contents(other)

@@ -11,7 +11,8 @@ serialization registry. See docs/tf.md.
 """
 
 from dualemb.tf import ops  # loads dualemb/tf/_ops.so first (TF version check)
-from dualemb.tf import data_flow, keras, math, ragged_embedding_ops, shadow_ops, train
+from dualemb.tf import data_flow, keras, math, ragged_embedding_ops, saving, shadow_ops, train
+from dualemb.tf.common_format import load, save
 from dualemb.tf.creators import (CuckooHashTableConfig, CuckooHashTableCreator, FileSystemSaver,
                                  HkvEvictStrategy, HkvHashTableConfig, HkvHashTableCreator,
                                  KVCreator, RedisTableConfig, RedisTableCreator)
@@ -35,16 +36,6 @@ __all__ = [
     "CuckooHashTableCreator", "HkvHashTableConfig", "HkvHashTableCreator", "HkvEvictStrategy",
     "RedisTableConfig", "RedisTableCreator", "FileSystemSaver", "GraphKeys",
     "trainable_wrapper_filter", "keras", "ops", "math", "data_flow", "ragged_embedding_ops",
-    "shadow_ops", "train",
+    "shadow_ops", "train", "save", "load", "saving",
 ]
 
-
-def __getattr__(name):
-    """``de.save`` / ``de.load`` (the common checkpoint format, ``dualemb.tf.saving``), imported
-    on first use."""
-    if name in ("save", "load", "saving"):
-        import importlib
-
-        saving = importlib.import_module("dualemb.tf.saving")
-        return saving if name == "saving" else getattr(saving, name)
-    raise AttributeError(f"module 'dualemb.tf' has no attribute {name!r}")

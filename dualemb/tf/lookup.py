@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from dualemb.tf import modes
-from dualemb.tf.trainable import attach_gradient
+from dualemb.tf.row_lookup import dense_ids, finish, lookup_ids, lookup_rows, reshape_rows
 from dualemb.tf.variable import Variable
 
 COMBINERS = ("sum", "mean", "sqrtn")
-DEFAULT_NAME = "embedding_lookup"
 
 
 def _check_params(params, fn: str) -> Variable:
@@ -33,40 +31,6 @@ def _check_combiner(combiner):
         raise ValueError(f"combiner must be one of {COMBINERS}, got {combiner!r}")
 
 
-def lookup_rows(params: Variable, flat_keys, name, max_norm=None):
-    """(rows [n, dim] float32 of flat keys, the TrainableWrapper they train or None)."""
-    rows, _ = params._find_flat(flat_keys)
-    wrapper = None
-    if params.trainable and modes.is_training():
-        wrapper = params.trainable_wrapper(name or DEFAULT_NAME)
-        rows = attach_gradient(wrapper, rows, flat_keys)
-    if max_norm is not None:
-        rows = tf.clip_by_norm(rows, max_norm, axes=[1])
-    return rows, wrapper
-
-
-def _result(params, out, wrapper, name, return_trainable):
-    if params.value_dtype != tf.float32:
-        out = tf.cast(out, params.value_dtype)
-    if return_trainable:
-        if wrapper is None:
-            wrapper = params.trainable_wrapper(name or DEFAULT_NAME)
-        return out, wrapper
-    return out
-
-
-def _dense_ids(params, ids, fn):
-    if isinstance(ids, tf.SparseTensor):
-        raise TypeError(f"{fn} takes dense ids; use embedding_lookup_sparse for a SparseTensor")
-    return params._keys(ids, "ids")
-
-
-def _reshape_rows(rows, ids, dim):
-    out = tf.reshape(rows, tf.concat([tf.shape(ids), [dim]], 0))
-    out.set_shape(ids.shape.concatenate([dim]))
-    return out
-
-
 def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_indices=None,
                      max_norm=None, return_trainable=False):
     """Rows of ``ids`` (any shape, dtype ``params.key_dtype``; a RaggedTensor gives a
@@ -74,14 +38,8 @@ def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_i
     ``TrainableWrapper`` to hand to the optimizer. Works eagerly and inside ``tf.function``;
     ``name`` (default "embedding_lookup") selects the wrapper."""
     params = _check_params(params, "embedding_lookup")
-    if isinstance(ids, tf.RaggedTensor):
-        flat = params._keys(ids.flat_values, "ids")
-        rows, wrapper = lookup_rows(params, tf.reshape(flat, [-1]), name, max_norm)
-        out = ids.with_flat_values(_reshape_rows(rows, flat, params.dim))
-        return _result(params, out, wrapper, name, return_trainable)
-    ids = _dense_ids(params, ids, "embedding_lookup")
-    rows, wrapper = lookup_rows(params, tf.reshape(ids, [-1]), name, max_norm)
-    return _result(params, _reshape_rows(rows, ids, params.dim), wrapper, name, return_trainable)
+    return lookup_ids(params, ids, name=name, max_norm=max_norm,
+                      return_trainable=return_trainable)
 
 
 def embedding_lookup_unique(params, ids, partition_strategy=None, name=None,
@@ -90,14 +48,14 @@ def embedding_lookup_unique(params, ids, partition_strategy=None, name=None,
     gathered back. ``max_norm`` is honored."""
     params = _check_params(params, "embedding_lookup_unique")
     ragged = isinstance(ids, tf.RaggedTensor)
-    dense = params._keys(ids.flat_values, "ids") if ragged else _dense_ids(
+    dense = params._keys(ids.flat_values, "ids") if ragged else dense_ids(
         params, ids, "embedding_lookup_unique")
     unique, index = tf.unique(tf.reshape(dense, [-1]))
     rows, wrapper = lookup_rows(params, unique, name, max_norm)
-    out = _reshape_rows(tf.gather(rows, index), dense, params.dim)
+    out = reshape_rows(tf.gather(rows, index), dense, params.dim)
     if ragged:
         out = ids.with_flat_values(out)
-    return _result(params, out, wrapper, name, return_trainable)
+    return finish(params, out, wrapper, name, return_trainable)
 
 
 def _as_sparse(ids, what):
@@ -157,7 +115,7 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None,
     sp_ids = _as_sparse(sp_ids, "sp_ids")
     sp_weights = _check_weights(sp_ids, sp_weights, "sp_weights")
     out, wrapper = _combine(params, sp_ids, sp_weights, combiner, name, max_norm)
-    return _result(params, out, wrapper, name, return_trainable)
+    return finish(params, out, wrapper, name, return_trainable)
 
 
 def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=None,
@@ -204,4 +162,4 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
         out = tf.where(is_empty[:, None], tf.zeros_like(out), out)
     if reshaped:
         out = tf.reshape(out, tf.concat([original_shape[:-1], [params.dim]], 0))
-    return _result(params, out, wrapper, name, return_trainable)
+    return finish(params, out, wrapper, name, return_trainable)

@@ -1,11 +1,13 @@
 """``Variable``: TFRA's dynamic embedding variable over core tables.
 
-Contract for ``dualemb/tf/saving.py`` (and anything else that saves or inspects a Variable):
+Contract for the saving modules (``dualemb/tf/variable_state.py`` and the paths built on it,
+listed in ``dualemb/tf/saving.py``) and anything else that saves or inspects a Variable:
 
 - ``Variable`` is a TF Trackable (``AutoTrackable``); its ``_serialize_to_tensors()`` and
   ``_restore_from_tensors(restored_tensors)`` delegate to
-  ``dualemb.tf.saving.serialize_variable(var)`` and ``dualemb.tf.saving.restore_variable(var,
-  restored_tensors)`` (imported lazily).
+  ``dualemb.tf.tf_checkpoint.serialize_variable(var)`` and
+  ``dualemb.tf.tf_checkpoint.restore_variable(var, restored_tensors)``. Those modules read only
+  the attributes below and never import this one, so there is no import cycle.
 - ``var.tables``: list of ``TableShard`` (``dualemb/tf/shard.py``), one per shard, in shard order.
   Each has ``.table_id`` (Python int, the core table id), ``.resource`` (the id as an int64 scalar
   tensor, a TrackableResource handle: use it, not the int, inside traced save/restore functions so
@@ -35,11 +37,13 @@ import tensorflow as tf
 
 from dualemb.core.routing import shard_of
 from dualemb.core.spec import to_spec
-from dualemb.tf import ops
+from dualemb.tf import file_system, ops, tf_checkpoint
 from dualemb.tf import initializers as de_inits
 from dualemb.tf.creators import CuckooHashTableCreator, KVCreator
 from dualemb.tf.policies import RestrictPolicy
+from dualemb.tf.row_lookup import lookup_ids
 from dualemb.tf.shard import TableShard
+from dualemb.tf.slots import slot_variables
 from dualemb.tf.trainable import TrainableWrapper
 
 _KEY_DTYPES = (tf.int64, tf.int32)
@@ -422,7 +426,6 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         """The optimizer slots of this variable's rows, as read-only ``SlotVariable`` views
         (``export()``, ``lookup(keys)``, ``size()``). Empty before an optimizer is attached, or
         when ``optimizer`` is given and is not the one attached."""
-        from dualemb.tf.slots import slot_variables
         if optimizer is not None and self._optimizer_owner is not None:
             owner = self._optimizer_owner()
             if owner is not None and owner is not optimizer:
@@ -443,26 +446,23 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
     def embedding_lookup(self, ids, name=None, max_norm=None, return_trainable=False):
         """``de.embedding_lookup(self, ids, ...)``."""
-        from dualemb.tf.lookup import embedding_lookup
-        return embedding_lookup(self, ids, name=name, max_norm=max_norm,
-                                return_trainable=return_trainable)
+        return lookup_ids(self, ids, name=name, max_norm=max_norm,
+                          return_trainable=return_trainable)
 
     def save_to_file_system(self, dirpath, proc_size=1, proc_rank=0, file_name_list=None,
                             dirpath_env="TFRA_SAVED_KV", append_to_file=False,
                             buffer_size=4194304, name=None):
         """Saves the tables (rows, slots, metadata) to ``dirpath`` in the common checkpoint format
         (``$TFRA_SAVED_KV`` overrides dirpath, as in TFRA)."""
-        from dualemb.tf import saving
-        return saving.save_variable_to_file_system(self, dirpath, proc_size=proc_size,
-                                                   proc_rank=proc_rank, dirpath_env=dirpath_env)
+        return file_system.save_variable_to_file_system(
+            self, dirpath, proc_size=proc_size, proc_rank=proc_rank, dirpath_env=dirpath_env)
 
     def load_from_file_system(self, dirpath, proc_size=1, proc_rank=0, file_name_list=None,
                               dirpath_env="TFRA_SAVED_KV", load_entire_dir=False,
                               buffer_size=4194304, name=None):
         """Loads what ``save_to_file_system`` wrote (any saved shard count), replacing the
         variable's contents (TFRA merges; see docs/tf.md)."""
-        from dualemb.tf import saving
-        return saving.load_variable_from_file_system(
+        return file_system.load_variable_from_file_system(
             self, dirpath, proc_size=proc_size, proc_rank=proc_rank, dirpath_env=dirpath_env,
             load_entire_dir=load_entire_dir)
 
@@ -485,14 +485,12 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             self._optimizer_spec = dict(spec)
         self._optimizer_owner = weakref.ref(owner)
 
-    # ---- checkpointing (dualemb/tf/saving.py) -----------------------------------------------
+    # ---- checkpointing (dualemb/tf/tf_checkpoint.py) ----------------------------------------
     def _serialize_to_tensors(self):
-        from dualemb.tf import saving
-        return saving.serialize_variable(self)
+        return tf_checkpoint.serialize_variable(self)
 
     def _restore_from_tensors(self, restored_tensors):
-        from dualemb.tf import saving
-        return saving.restore_variable(self, restored_tensors)
+        return tf_checkpoint.restore_variable(self, restored_tensors)
 
 
 class GraphKeys:

@@ -15,8 +15,10 @@ from dualemb.core.checkpoint import _fs
 from dualemb.core.routing import shard_of
 from dualemb.core.checkpoint._manifest import (KEY_DTYPES, MANIFEST, META_TENSORS, SLOT_PREFIX,
                                                VALUE_DTYPES, CheckpointError, validate)
+from dualemb.core.checkpoint._result import Checkpoint
 from dualemb.core.checkpoint._safetensors import Reader, crc32_combine
 from dualemb.core.checkpoint._save import PAGE_BYTES, _shards_of, _workers
+from dualemb.core.table import Table
 
 _VERIFY_BUFFER = 4 << 20  # per thread; a multiple of 8, so verification chunks hold whole keys
 _SEGMENT_BYTES = 32 << 20  # tensors are checksummed in segments of this size, in parallel
@@ -309,9 +311,6 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
     checked before any live table is modified; problems raise ``CheckpointError`` (a
     ValueError) naming the table, file and tensor.
     """
-    from dualemb.core.checkpoint import Checkpoint  # noqa: avoid an import cycle
-    from dualemb.core.table import Table
-
     path = _fs.normalize(path)
     root = _fs.resolve(path)
     manifest = read_manifest_at(root)

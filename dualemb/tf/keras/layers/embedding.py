@@ -20,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from dualemb.tf import creators as de_creators
+from dualemb.tf import keras_files
 from dualemb.tf import policies as de_policies
 from dualemb.tf.lookup import embedding_lookup, embedding_lookup_unique
 from dualemb.tf.variable import Variable, default_partition_fn
@@ -192,12 +193,10 @@ class Embedding(keras.layers.Layer):
         return config
 
     def save_own_variables(self, store):
-        from dualemb.tf import saving
-        saving.layer_save_own_variables(self, store)
+        keras_files.layer_save_own_variables(self, store)
 
     def load_own_variables(self, store):
-        from dualemb.tf import saving
-        saving.layer_load_own_variables(self, store)
+        keras_files.layer_load_own_variables(self, store)
 
 
 BasicEmbedding = Embedding

@@ -1,0 +1,70 @@
+"""Reading a Variable's rows for ids, with the gradient route to its fused optimizer: the part of
+the lookup family that needs no check of its ``params`` (``Variable.embedding_lookup`` calls it on
+itself; ``dualemb.tf.lookup`` checks its arguments, then calls it).
+
+In training mode (``de.enable_train_mode()``, the default) and for a trainable Variable, the rows
+carry a gradient route to the Variable's ``TrainableWrapper`` registered under ``name`` (see
+``dualemb/tf/trainable.py``); in inference mode they are plain reads. ``max_norm`` clips each
+looked-up vector to that L2 norm. Rows are computed in float32 and cast to the Variable's
+``value_dtype`` at the end.
+
+It uses only the Variable's methods (``_find_flat``, ``_keys``, ``trainable_wrapper``), so
+``dualemb.tf.variable`` imports it without an import cycle.
+"""
+
+from __future__ import annotations
+
+import tensorflow as tf
+
+from dualemb.tf import modes
+from dualemb.tf.trainable import attach_gradient
+
+DEFAULT_NAME = "embedding_lookup"
+
+
+def lookup_rows(params, flat_keys, name, max_norm=None):
+    """(rows [n, dim] float32 of flat keys, the TrainableWrapper they train or None)."""
+    rows, _ = params._find_flat(flat_keys)
+    wrapper = None
+    if params.trainable and modes.is_training():
+        wrapper = params.trainable_wrapper(name or DEFAULT_NAME)
+        rows = attach_gradient(wrapper, rows, flat_keys)
+    if max_norm is not None:
+        rows = tf.clip_by_norm(rows, max_norm, axes=[1])
+    return rows, wrapper
+
+
+def finish(params, out, wrapper, name, return_trainable):
+    """``out`` cast to the Variable's value dtype, with the wrapper when ``return_trainable``."""
+    if params.value_dtype != tf.float32:
+        out = tf.cast(out, params.value_dtype)
+    if return_trainable:
+        if wrapper is None:
+            wrapper = params.trainable_wrapper(name or DEFAULT_NAME)
+        return out, wrapper
+    return out
+
+
+def dense_ids(params, ids, fn):
+    if isinstance(ids, tf.SparseTensor):
+        raise TypeError(f"{fn} takes dense ids; use embedding_lookup_sparse for a SparseTensor")
+    return params._keys(ids, "ids")
+
+
+def reshape_rows(rows, ids, dim):
+    out = tf.reshape(rows, tf.concat([tf.shape(ids), [dim]], 0))
+    out.set_shape(ids.shape.concatenate([dim]))
+    return out
+
+
+def lookup_ids(params, ids, name=None, max_norm=None, return_trainable=False):
+    """``embedding_lookup`` on a Variable already checked: rows of ``ids`` (any shape; a
+    RaggedTensor gives a RaggedTensor) -> ``ids.shape + [dim]``."""
+    if isinstance(ids, tf.RaggedTensor):
+        flat = params._keys(ids.flat_values, "ids")
+        rows, wrapper = lookup_rows(params, tf.reshape(flat, [-1]), name, max_norm)
+        out = ids.with_flat_values(reshape_rows(rows, flat, params.dim))
+        return finish(params, out, wrapper, name, return_trainable)
+    ids = dense_ids(params, ids, "embedding_lookup")
+    rows, wrapper = lookup_rows(params, tf.reshape(ids, [-1]), name, max_norm)
+    return finish(params, reshape_rows(rows, ids, params.dim), wrapper, name, return_trainable)

@@ -1,0 +1,269 @@
+"""A ``de.Variable``'s saved state, shared by every saving path (docs/tf_saving.md).
+
+What one Variable saves, whatever the path: the rows of all its shards with their optimizer slots
+and per-key metadata (the tensors named by :data:`FIELDS`), plus a JSON description (:data:`META`:
+dim, dtypes, the table config and the fused optimizer's spec). This module turns a Variable into
+those tensors (:func:`export_tensors`), checks saved tensors against a Variable
+(:func:`eager_checks`, :func:`check_compatible`) and replaces a Variable's contents with them
+(:func:`import_tensors`); it also gives the core ``Table`` views of a Variable's shards that the
+common-format paths read and write (:func:`core_shards`, :func:`numpy_partitioner`).
+
+It only reads a Variable's documented attributes (``tables``, ``dim``, ``key_dtype``,
+``value_dtype``, ``name``, ``partition_fn``), so ``dualemb.tf.variable`` can import the saving
+paths built on it without an import cycle.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import tensorflow as tf
+
+from dualemb.core.checkpoint import CheckpointError
+from dualemb.core.table import Table, _core
+from dualemb.tf import ops
+
+FORMAT = "dualemb.tf.variable"
+FORMAT_VERSION = 1
+# The local names of the tensors one Variable contributes to a TF checkpoint or a Keras store.
+# They are the same whatever the shard count and optimizer, so a checkpoint restores into any
+# number of shards (keys are re-routed with the variable's partitioner) and into a variable whose
+# optimizer is not attached yet.
+FIELDS = ("keys", "values", "slots", "last_update", "update_count")
+META = "meta"
+DTYPES = {"keys": tf.int64, "values": tf.float32, "slots": tf.float32,
+          "last_update": tf.int64, "update_count": tf.int64, META: tf.string}
+
+
+# ---- facts about a Variable -----------------------------------------------------------------------
+
+def shard_ids(var) -> list[int]:
+    ids = [int(getattr(t, "table_id", t)) for t in var.tables]
+    if not ids:
+        raise ValueError(f"de.Variable {var.name!r} has no tables")
+    return ids
+
+
+def _shard_handles(var) -> list:
+    """The table ids as constants made in the current graph. Never a captured eager tensor: a
+    SavedModel cannot export the save/restore functions of a non-resource object that capture
+    one. A SavedModel's tables are re-created under their saved ids when it is loaded (by the
+    ``create_table`` calls below, and by the variable's own resources), so the ids stay valid."""
+    return [tf.constant(i, tf.int64) for i in shard_ids(var)]
+
+
+def tf_key_dtype(var) -> tf.DType:
+    return tf.as_dtype(var.key_dtype)
+
+
+def var_facts(var) -> dict:
+    """dim, dtypes, shard ids and shard configs of a Variable, read now (in Python)."""
+    ids = shard_ids(var)
+    descr = []
+    for tid in ids:
+        config, _, opt = describe(tid).partition("|")
+        descr.append((config, opt))
+    return {
+        "name": str(var.name),
+        "dim": int(var.dim),
+        "key_dtype": tf_key_dtype(var).name,
+        "value_dtype": tf.as_dtype(var.value_dtype).name,
+        "ids": ids,
+        "configs": [c for c, _ in descr],
+    }
+
+
+def describe(table_id: int) -> str:
+    """The core's description of a table: its config, '|', its optimizer spec."""
+    return _core.describe(int(table_id))
+
+
+def partition(var, keys: tf.Tensor, num_shards: int) -> tf.Tensor:
+    """Shard index of every key, by the variable's own partitioner (so restored keys land where
+    the variable's lookups look for them)."""
+    return tf.cast(var.partition_fn(keys, num_shards), tf.int32)
+
+
+# ---- the meta description -----------------------------------------------------------------------
+
+def _meta_tensor(facts: dict, description: tf.Tensor) -> tf.Tensor:
+    """JSON text describing the saved variable. The table's description (config '|' optimizer
+    spec) is read by an op when the checkpoint is written, so it is current in graph mode too."""
+    static = {"format": FORMAT, "version": FORMAT_VERSION, "name": facts["name"],
+              "dim": facts["dim"], "key_dtype": facts["key_dtype"],
+              "value_dtype": facts["value_dtype"], "num_shards": len(facts["ids"])}
+    head = json.dumps(static)[:-1] + ', "describe": "'
+    return tf.strings.join([head, description, '"}'])
+
+
+def parse_meta(text, where: str) -> dict:
+    """The saved description (a string tensor, bytes, or uint8 array of JSON) as a dict;
+    CheckpointError if it is not a dualemb variable description this version understands."""
+    if isinstance(text, (tf.Tensor, np.ndarray)):
+        text = text.numpy() if isinstance(text, tf.Tensor) else text
+        if isinstance(text, np.ndarray):
+            text = text.tobytes() if text.dtype == np.uint8 else text.item()
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    try:
+        meta = json.loads(text)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: the dualemb description is not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise CheckpointError(f"{where}: not a dualemb variable checkpoint (format "
+                              f"{meta.get('format') if isinstance(meta, dict) else meta!r})")
+    if not isinstance(meta.get("version"), int) or meta["version"] > FORMAT_VERSION:
+        raise CheckpointError(f"{where}: description version {meta.get('version')!r} is newer than "
+                              f"this dualemb understands ({FORMAT_VERSION}); upgrade dualemb")
+    return meta
+
+
+def check_compatible(facts: dict, meta: dict, where: str) -> None:
+    """Raises CheckpointError if the saved variable cannot be restored into this one."""
+    for field, what in (("dim", "dim"), ("key_dtype", "key dtype"),
+                        ("value_dtype", "value dtype")):
+        if meta.get(field) != facts[field]:
+            raise CheckpointError(
+                f"{where}: {what} mismatch: the checkpoint holds a variable with {what} "
+                f"{meta.get(field)!r}, but de.Variable {facts['name']!r} has {what} "
+                f"{facts[field]!r}; the variable was left unchanged")
+
+
+def check_entry(var, entry: dict, where: str) -> None:
+    """check_compatible against a table entry of a common-format manifest."""
+    # Tables store float32 whatever the variable's value_dtype (cast at the boundary), and the
+    # checkpoint loader checks the stored value dtype itself.
+    facts = dict(var_facts(var), value_dtype=entry.get("value_dtype"))
+    meta = {"dim": entry.get("dim"), "key_dtype": entry.get("key_dtype"),
+            "value_dtype": entry.get("value_dtype")}
+    check_compatible(facts, meta, f"{where}, table {entry.get('name')!r}")
+
+
+# ---- Variable -> tensors -------------------------------------------------------------------------
+
+def export_tensors(var) -> dict:
+    """The variable's tensors (all shards concatenated), built with the dualemb ops so the same
+    code runs eagerly and in the functions a SavedModel stores."""
+    facts = var_facts(var)
+    kd = tf_key_dtype(var)
+    parts = []
+    for res, config in zip(_shard_handles(var), facts["configs"]):
+        # Get-or-create: a no-op here, but in a SavedModel loaded in a fresh process the save
+        # function runs (to describe the checkpoint) before anything else may have made the table.
+        handle = ops.create_table(res, config, "")
+        parts.append(ops.export_table(handle, key_dtype=kd, dim=facts["dim"]))
+        if len(parts) == 1:
+            description = ops.describe(handle)
+
+    def cat(f):
+        xs = [p[f] for p in parts]
+        return xs[0] if len(xs) == 1 else tf.concat(xs, axis=0)
+
+    out = {f: cat(f) for f in FIELDS}
+    out["keys"] = tf.cast(out["keys"], tf.int64)
+    out[META] = _meta_tensor(facts, description)
+    return out
+
+
+# ---- tensors -> Variable -------------------------------------------------------------------------
+
+def eager_checks(facts: dict, restored: dict, where: str) -> None:
+    """Raises CheckpointError unless the saved tensors fit the variable described by ``facts``
+    (description, dim, dtypes, shapes, the saved optimizer's slot count, int32 key range)."""
+    meta = parse_meta(restored[META], where)
+    check_compatible(facts, meta, where)
+    n = int(tf.shape(restored["keys"])[0])
+    dim = facts["dim"]
+    for f, want in (("values", (n, dim)), ("last_update", (n,)), ("update_count", (n,))):
+        shape = tuple(restored[f].shape)
+        if shape != want and not (f != "values" and shape == (0,)):
+            raise CheckpointError(f"{where}: tensor {f!r} has shape {shape}, expected {want}")
+    s = tuple(restored["slots"].shape)
+    if len(s) != 3 or s[0] != n or s[2] != dim:
+        raise CheckpointError(f"{where}: tensor 'slots' has shape {s}, expected "
+                              f"[{n}, num_slots, {dim}]")
+    opt = meta.get("describe", "").partition("|")[2]
+    if s[1] and not opt:
+        raise CheckpointError(f"{where}: the checkpoint has {s[1]} slot columns but no optimizer")
+    if opt:
+        try:
+            scratch = Table(dim=dim, key_dtype=facts["key_dtype"], optimizer=opt)
+        except Exception as e:
+            raise CheckpointError(f"{where}: cannot attach the saved optimizer {opt!r}: {e}") from e
+        try:
+            if scratch.num_slots != s[1]:
+                raise CheckpointError(f"{where}: the saved optimizer {opt!r} has "
+                                      f"{scratch.num_slots} slots, the checkpoint stores {s[1]}")
+        finally:
+            scratch.destroy()
+    if facts["key_dtype"] == "int32" and n:
+        k = restored["keys"].numpy()
+        if k.min() < np.iinfo(np.int32).min or k.max() > np.iinfo(np.int32).max:
+            raise CheckpointError(f"{where}: keys do not fit the variable's int32 key dtype")
+
+
+def _optimizer_of(meta: tf.Tensor) -> tf.Tensor:
+    """The optimizer spec saved in the meta JSON (empty string if none), as a string tensor."""
+    description = tf.strings.regex_replace(meta, r'^.*"describe": "([^"]*)".*$', r"\1")
+    return tf.strings.regex_replace(description, r"^[^|]*\|?", "")
+
+
+def import_tensors(var, facts: dict, restored: dict, deps: list):
+    """Replaces the contents of every shard with the saved rows, slots and metadata (keys routed
+    by the variable's partitioner), attaching the saved optimizer first; runs after ``deps``
+    (the checks of a traced restore). Returns None eagerly, the grouped op in a graph."""
+    kd = tf_key_dtype(var)
+    with tf.control_dependencies(deps):
+        keys = tf.cast(restored["keys"], kd)
+    fields = {"keys": keys, "values": restored["values"], "slots": restored["slots"],
+              "last_update": restored["last_update"], "update_count": restored["update_count"]}
+    n = len(facts["ids"])
+    if n > 1:
+        part = partition(var, keys, n)
+        split = {f: tf.dynamic_partition(t, part, n) for f, t in fields.items()}
+        per_shard = [{f: split[f][i] for f in fields} for i in range(n)]
+    else:
+        per_shard = [fields]
+    opt = _optimizer_of(restored[META])
+    # Attach the saved optimizer (if any) to every shard, then replace each shard's rows. The
+    # import op validates shapes before it clears, and every shard agrees on them, so a bad
+    # checkpoint fails before any shard changes.
+    handles = [ops.create_table(res, config, opt)
+               for res, config in zip(_shard_handles(var), facts["configs"])]
+    results = []
+    with tf.control_dependencies(handles):
+        for h, part_fields in zip(handles, per_shard):
+            results.append(ops.import_table(
+                h, part_fields["keys"], part_fields["values"], part_fields["slots"],
+                part_fields["last_update"], part_fields["update_count"], clear=True))
+    if tf.executing_eagerly():
+        _sync_optimizer_spec(var)
+        return None
+    return tf.group(results)
+
+
+def _sync_optimizer_spec(var) -> None:
+    """Records on each TableShard the optimizer a restore attached, so a SavedModel exported
+    later re-creates the table with it."""
+    for t, tid in zip(var.tables, shard_ids(var)):
+        if hasattr(t, "optimizer_spec"):
+            t.optimizer_spec = describe(tid).partition("|")[2]
+
+
+# ---- core Table views (the common checkpoint format) ---------------------------------------------
+
+def core_shards(var) -> list:
+    """The variable's shards as ``dualemb.core.Table`` handles, in shard order."""
+    return [Table.attach(tid, name=str(var.name)) for tid in shard_ids(var)]
+
+
+def numpy_partitioner(var):
+    """The variable's partitioner on numpy keys (None for one shard), for ``checkpoint.load``."""
+    if len(shard_ids(var)) == 1:
+        return None
+
+    def route(keys: np.ndarray, n: int) -> np.ndarray:
+        return partition(var, tf.constant(keys), n).numpy()
+
+    return route
