@@ -33,7 +33,9 @@ import numpy as np
 import tensorflow as tf
 
 from dualemb.core import checkpoint as _ckpt
+from dualemb.core import legacy_spec
 from dualemb.core.checkpoint import CheckpointError
+from dualemb.core.spec import parse_description, to_spec
 from dualemb.core.table import Table
 
 __all__ = [
@@ -43,7 +45,9 @@ __all__ = [
 ]
 
 FORMAT = "dualemb.tf.variable"
-FORMAT_VERSION = 1
+# 2: "describe" is the core's JSON description object. 1: "config|optimizer" in the old
+# "name=value" syntax (read through dualemb.core.legacy_spec).
+FORMAT_VERSION = 2
 # The local names of the tensors one Variable contributes to a TF checkpoint or a Keras store.
 # They are the same whatever the shard count and optimizer, so a checkpoint restores into any
 # number of shards (keys are re-routed with the variable's partitioner) and into a variable whose
@@ -96,8 +100,8 @@ def _var_facts(var) -> dict:
     ids = _shard_ids(var)
     descr = []
     for tid in ids:
-        config, _, opt = _describe(tid).partition("|")
-        descr.append((config, opt))
+        config, opt = parse_description(_describe(tid))
+        descr.append((to_spec(config), opt))
     return {
         "name": str(var.name),
         "dim": int(var.dim),
@@ -123,13 +127,14 @@ def _partition(var, keys: tf.Tensor, num_shards: int) -> tf.Tensor:
 # ---- the meta description -----------------------------------------------------------------------
 
 def _meta_tensor(facts: dict, describe: tf.Tensor) -> tf.Tensor:
-    """JSON text describing the saved variable. The table's description (config '|' optimizer
-    spec) is read by an op when the checkpoint is written, so it is current in graph mode too."""
+    """JSON text describing the saved variable. The table's description (the core's JSON object
+    {"config": ..., "optimizer": ...}) is read by an op when the checkpoint is written, so it is
+    current in graph mode too. It is the last member (see _optimizer_of)."""
     static = {"format": FORMAT, "version": FORMAT_VERSION, "name": facts["name"],
               "dim": facts["dim"], "key_dtype": facts["key_dtype"],
               "value_dtype": facts["value_dtype"], "num_shards": len(facts["ids"])}
-    head = json.dumps(static)[:-1] + ', "describe": "'
-    return tf.strings.join([head, describe, '"}'])
+    head = json.dumps(static)[:-1] + ', "describe": '
+    return tf.strings.join([head, describe, "}"])
 
 
 def _parse_meta(text, where: str) -> dict:
@@ -269,7 +274,7 @@ def _eager_checks(facts: dict, restored: dict, where: str) -> None:
     if len(s) != 3 or s[0] != n or s[2] != dim:
         raise CheckpointError(f"{where}: tensor 'slots' has shape {s}, expected "
                               f"[{n}, num_slots, {dim}]")
-    opt = meta.get("describe", "").partition("|")[2]
+    opt = _saved_optimizer_text(meta, where)
     if s[1] and not opt:
         raise CheckpointError(f"{where}: the checkpoint has {s[1]} slot columns but no optimizer")
     if opt:
@@ -289,10 +294,38 @@ def _eager_checks(facts: dict, restored: dict, where: str) -> None:
             raise CheckpointError(f"{where}: keys do not fit the variable's int32 key dtype")
 
 
+def _saved_optimizer_text(meta: dict, where: str) -> str:
+    """The optimizer spec (JSON text, "" if none) of a parsed meta description."""
+    describe = meta.get("describe")
+    try:
+        if isinstance(describe, str):  # description version 1
+            opt = legacy_spec.parse_description(describe)[1]
+        elif isinstance(describe, dict) and "optimizer" in describe:
+            opt = describe["optimizer"]
+        else:
+            raise ValueError(f"'describe' is {describe!r}")
+        return "" if opt is None else to_spec(opt)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: malformed dualemb description ({e})") from None
+
+
+# The meta JSON ends with the core's canonical description, whose config and optimizer objects
+# hold no nested objects and no free text (only numbers, lists and enumerated names).
+_META_OPTIMIZER = (r'^\{.*, "describe": \{"config":\{[^{}]*\},"optimizer":'
+                   r'(null|\{[^{}]*\})\}\}$')
+
+
 def _optimizer_of(meta: tf.Tensor) -> tf.Tensor:
     """The optimizer spec saved in the meta JSON (empty string if none), as a string tensor."""
-    describe = tf.strings.regex_replace(meta, r'^.*"describe": "([^"]*)".*$', r"\1")
-    return tf.strings.regex_replace(describe, r"^[^|]*\|?", "")
+    if tf.executing_eagerly():
+        return tf.constant(_saved_optimizer_text(_parse_meta(meta, "dualemb meta"), "meta"))
+    known = tf.debugging.Assert(
+        tf.strings.regex_full_match(meta, _META_OPTIMIZER),
+        [tf.constant("dualemb: this checkpoint's description was written by an older dualemb "
+                     "(or is malformed); restore it eagerly (outside tf.function)"), meta])
+    with tf.control_dependencies([known]):
+        opt = tf.strings.regex_replace(meta, _META_OPTIMIZER, r"\1")
+    return tf.strings.regex_replace(opt, "^null$", "")
 
 
 def restore_variable(var, restored: Mapping) -> tf.Operation | None:
@@ -358,7 +391,8 @@ def _sync_optimizer_spec(var) -> None:
     later re-creates the table with it."""
     for t, tid in zip(var.tables, _shard_ids(var)):
         if hasattr(t, "optimizer_spec"):
-            t.optimizer_spec = _describe(tid).partition("|")[2]
+            opt = parse_description(_describe(tid))[1]
+            t.optimizer_spec = "" if opt is None else to_spec(opt)
 
 
 # ---- Keras 3 .weights.h5 / .keras -----------------------------------------------------------------
