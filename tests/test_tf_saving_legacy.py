@@ -2,6 +2,7 @@
 the old "config|optimizer" text) restores into today's de.Variable, rows, slots and optimizer
 intact."""
 
+import json
 import os
 
 import numpy as np
@@ -47,3 +48,32 @@ def test_version_1_metadata_restores(shards):
         assert opt == {"name": "adam", "flavor": "keras", "beta_1": 0.5, "beta_2": 0.999,
                        "epsilon": 1e-07, "amsgrad": False}
         assert all(isinstance(opt[k], float) for k in ("beta_1", "beta_2", "epsilon"))
+
+
+@pytest.mark.parametrize("optimizer", [None, '{"name": "adam", "flavor": "keras", "epsilon": 0}'])
+def test_graph_and_eager_read_the_same_optimizer(optimizer):
+    """Inside a traced restore the optimizer is cut out of the meta JSON by a regex; it must give
+    what the eager JSON reader gives."""
+    from dualemb.tf import saving
+
+    var = Variable(dim=3, devices=["/CPU:0"] * 2, name="graph_meta")
+    if optimizer:
+        for t in var.tables:
+            t.set_optimizer(optimizer)
+    meta = saving._export_tensors(var)["meta"]
+    traced = tf.function(saving._optimizer_of, autograph=False)(meta).numpy().decode()
+    eager = saving._optimizer_of(meta).numpy().decode()
+    assert traced == eager
+    if optimizer:
+        assert json.loads(eager) == dict(json.loads(optimizer), beta_1=0.9, beta_2=0.999,
+                                         amsgrad=False)
+    else:
+        assert eager == ""
+
+
+def test_version_1_metadata_in_a_traced_restore_fails_loudly():
+    from dualemb.tf import saving
+
+    meta = tf.constant(saved_tensors()["meta"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="older dualemb"):
+        tf.function(saving._optimizer_of, autograph=False)(meta)
