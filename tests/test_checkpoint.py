@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import warnings
+import zlib
 
 import numpy as np
 import pytest
@@ -75,7 +76,7 @@ def test_round_trip_values_metadata_steps(ckdir):
     checkpoint.save(ckdir, {"user": a, "item": b}, steps={"user": 77}, metadata=meta)
 
     m = checkpoint.read_manifest(ckdir)
-    assert m["format"] == "dualemb-checkpoint" and m["version"] == 1
+    assert m["format"] == "dualemb-checkpoint" and m["version"] == 2
     assert [t["name"] for t in m["tables"]] == ["user", "item"]
     ua = m["tables"][0]
     assert ua["dim"] == 8 and ua["key_dtype"] == "int64" and ua["value_dtype"] == "float32"
@@ -503,12 +504,22 @@ def shard_path(ckdir):
 
 
 def edit_manifest(ckdir, fn):
+    """Edits manifest.json and re-seals its checksum file, so what is tested is the validation of
+    the edited content (tests/test_checkpoint_manifest.py tests the checksum)."""
     p = os.path.join(ckdir, "manifest.json")
     with open(p) as f:
         m = json.load(f)
     fn(m)
-    with open(p, "w") as f:
-        json.dump(m, f)
+    write_sealed_manifest(ckdir, json.dumps(m).encode())
+
+
+def write_sealed_manifest(ckdir, data):
+    with open(os.path.join(ckdir, "manifest.json"), "wb") as f:
+        f.write(data)
+    with open(os.path.join(ckdir, "manifest.crc32.json"), "w") as f:
+        json.dump({"bytes": len(data), "crc32": zlib.crc32(data), "file": "manifest.json"}, f,
+                  sort_keys=True, separators=(",", ":"))
+        f.write("\n")
 
 
 def flip_bit(path, offset):
@@ -536,12 +547,13 @@ CORRUPTIONS = {
     "flipped bit in dense": (lambda d: flip_bit(os.path.join(d, "dense.safetensors"),
                                                 os.path.getsize(os.path.join(d, "dense.safetensors")) - 2),
                              "checksum mismatch in tensor 'w'"),
-    "format version 2": (lambda d: edit_manifest(d, lambda m: m.update(version=2)),
-                         "version 2 is newer"),
+    "format version 3": (lambda d: edit_manifest(d, lambda m: m.update(version=3)),
+                         "version 3 is newer"),
     "other format": (lambda d: edit_manifest(d, lambda m: m.update(format="tfra")),
                      "not a dualemb checkpoint"),
-    "manifest not json": (lambda d: open(os.path.join(d, "manifest.json"), "w").write("{oops"),
-                          "not valid JSON"),
+    "manifest not json": (lambda d: write_sealed_manifest(d, b"{oops"), "not valid JSON"),
+    "flipped bit in manifest": (lambda d: flip_bit(os.path.join(d, "manifest.json"), 30),
+                                "manifest.json: checksum mismatch"),
     "rows disagree": (lambda d: edit_manifest(d, lambda m: m["tables"][0].update(rows=1)),
                       "rows sum to"),
     "shape disagrees": (lambda d: edit_manifest(

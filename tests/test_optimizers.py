@@ -368,10 +368,10 @@ def test_adam_slots_named_like_the_frameworks():
 
 
 def test_spec_string_and_canonical_defaults():
-    t = Table(dim=3, optimizer="name=adam;flavor=optax;b1=0.5")
+    t = Table(dim=3, optimizer='{"name": "adam", "flavor": "optax", "b1": 0.5}')  # JSON text
     try:
         assert t.describe()[1] == {"name": "adam", "flavor": "optax", "b1": 0.5, "b2": 0.999,
-                                   "eps": 1e-08, "eps_root": 0, "nesterov": False,
+                                   "eps": 1e-08, "eps_root": 0.0, "nesterov": False,
                                    "amsgrad": False}
     finally:
         t.destroy()
@@ -401,12 +401,12 @@ def test_missing_rows_start_from_initial_slots():
 
 BAD_SPECS = [
     ({"name": "adamq", "flavor": "keras"}, "adamq"),
-    ("name=nosuchopt;flavor=optax", "nosuchopt"),
+    ('{"name": "nosuchopt", "flavor": "optax"}', "nosuchopt"),
     ({"name": "adam", "flavor": "pytorch"}, "pytorch"),
-    ("name=sgd;flavor=jaxish", "jaxish"),
+    ('{"name": "sgd", "flavor": "jaxish"}', "jaxish"),
     ({"name": "adam", "flavor": "keras", "b1": 0.9}, "b1"),  # optax name under keras
     ({"name": "adam", "flavor": "optax", "beta_1": 0.9}, "beta_1"),  # keras name under optax
-    ("name=rmsprop;flavor=keras;decay=0.9", "decay"),
+    ('{"name": "rmsprop", "flavor": "keras", "decay": 0.9}', "decay"),
     ({"name": "lion", "flavor": "keras", "weight_decay": 0.1}, "weight_decay"),
     ({"name": "sgd", "flavor": "optax", "bogus_hyper": 1}, "bogus_hyper"),
     ({"name": "adam", "flavor": "keras", "beta_1": 1.5}, "beta_1"),
@@ -429,10 +429,10 @@ def test_bad_spec_raises_value_error_naming_it(spec, needle):
 
 
 @pytest.mark.parametrize("spec,needle", [
-    ("name=adamq;flavor=keras", "adamq"),
-    ("name=adam;flavor=pytorch", "pytorch"),
-    ("name=adam;flavor=keras;b1=0.9", "b1"),
-    ("flavor=keras", "name"),
+    ('{"name": "adamq", "flavor": "keras"}', "adamq"),
+    ('{"name": "adam", "flavor": "pytorch"}', "pytorch"),
+    ('{"name": "adam", "flavor": "keras", "b1": 0.9}', "b1"),
+    ('{"flavor": "keras"}', "name"),
 ])
 def test_core_rejects_bad_spec_itself(spec, needle):
     """The same errors come from the core, for front ends that pass spec strings straight in."""
@@ -450,17 +450,18 @@ def test_core_rejects_bad_spec_itself(spec, needle):
 @pytest.mark.parametrize("flavor,slots", [("keras", ["momentum", "velocity", "velocity_hat"]),
                                           ("optax", ["mu", "nu", "nu_max"])])
 def test_core_amsgrad_alias(flavor, slots):
-    """The core also takes name=amsgrad (optax.amsgrad's name); its canonical name is adam."""
+    """The core also takes "name": "amsgrad" (optax.amsgrad's name); its canonical name is adam."""
     from dualemb.core import table as table_module
 
     t = Table(dim=4)
     try:
-        table_module._core.set_optimizer(t.id, f"name=amsgrad;flavor={flavor}")
+        table_module._core.set_optimizer(t.id, f'{{"name": "amsgrad", "flavor": "{flavor}"}}')
         opt = t.describe()[1]
         assert opt["name"] == "adam" and opt["amsgrad"] is True
         assert t.slot_names == slots
         with pytest.raises(ValueError, match="amsgrad"):
-            table_module._core.set_optimizer(t.id, f"name=amsgrad;flavor={flavor};amsgrad=false")
+            table_module._core.set_optimizer(
+                t.id, f'{{"name": "amsgrad", "flavor": "{flavor}", "amsgrad": false}}')
     finally:
         t.destroy()
 

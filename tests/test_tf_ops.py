@@ -1,5 +1,6 @@
 """The dualemb TensorFlow ops (dualemb/tf/ops.py over dualemb/tf/_ops.so)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -15,8 +16,9 @@ from dualemb._native import native_dir  # noqa: E402
 from dualemb.core import Table  # noqa: E402
 from dualemb.tf import _load, ops  # noqa: E402
 
-CONFIG = "dim=4;key_dtype=int64;initializer=normal;mean=0;stddev=0.1;seed=5"
-ADAM = "name=adam;flavor=keras"
+CONFIG = ('{"dim": 4, "key_dtype": "int64", "initializer": "normal", "mean": 0, "stddev": 0.1, '
+          '"seed": 5}')
+ADAM = '{"name": "adam", "flavor": "keras"}'
 
 
 def _table(config=CONFIG, optimizer=""):
@@ -39,7 +41,7 @@ def test_create_is_get_or_create_and_shared_with_core():
     np.testing.assert_array_equal(exists.numpy(), [True, False])
     np.testing.assert_array_equal(values.numpy()[1], table.initial_values([8])[0])
     with pytest.raises(tf.errors.InvalidArgumentError, match="dim"):
-        ops.create_table(tid, "dim=5;key_dtype=int64", "")
+        ops.create_table(tid, '{"dim": 5, "key_dtype": "int64"}', "")
 
 
 def test_find_does_not_insert_and_find_or_insert_does():
@@ -57,7 +59,7 @@ def test_find_does_not_insert_and_find_or_insert_does():
 
 
 def test_insert_accum_erase_clear():
-    tid = _table("dim=2;key_dtype=int32")
+    tid = _table('{"dim": 2, "key_dtype": "int32"}')
     keys = tf.constant([1, 2], tf.int32)
     ops.insert_or_assign(tid, keys, tf.constant([[1.0, 1.0], [2.0, 2.0]]))
     # accum: present & exists -> add; absent & !exists -> insert; others ignored.
@@ -74,7 +76,7 @@ def test_insert_accum_erase_clear():
 
 
 def test_apply_gradients_sums_duplicates_and_inserts():
-    tid = _table("dim=2;key_dtype=int64", "name=sgd;flavor=keras")
+    tid = _table('{"dim": 2, "key_dtype": "int64"}', '{"name": "sgd", "flavor": "keras"}')
     ops.apply_gradients(tid, tf.constant([5, 5, 6], tf.int64),
                         tf.constant([[1.0, 2.0], [3.0, 4.0], [1.0, 1.0]]), 0.5, 1)
     values, exists = ops.find(tid, tf.constant([5, 6], tf.int64), 2)
@@ -103,7 +105,8 @@ def test_export_import_paged_with_slots_and_metadata():
     for field in full:
         np.testing.assert_array_equal(back[field].numpy()[order_b], full[field].numpy()[order_a])
     assert int(ops.table_size(dst)) == 100  # clear=True replaced the old key
-    assert ops.describe(dst).numpy().decode().split("|")[1].startswith("name=adam")
+    described = json.loads(ops.describe(dst).numpy().decode())
+    assert described["optimizer"]["name"] == "adam"
 
 
 def test_import_without_slots_or_metadata():
@@ -114,7 +117,7 @@ def test_import_without_slots_or_metadata():
 
 
 def test_restrict_by_frequency():
-    tid = _table("dim=1;key_dtype=int64", "name=sgd;flavor=keras")
+    tid = _table('{"dim": 1, "key_dtype": "int64"}', '{"name": "sgd", "flavor": "keras"}')
     for step, keys in enumerate([[1, 2, 3], [1, 2], [1]], start=1):
         ops.apply_gradients(tid, tf.constant(keys, tf.int64), tf.ones([len(keys), 1]), 0.1, step)
     # update counts: key 1 -> 3, key 2 -> 2, key 3 -> 1
@@ -142,7 +145,7 @@ def test_errors_name_the_problem_and_leave_table_unchanged():
     with pytest.raises(tf.errors.InvalidArgumentError, match="unknown table"):
         ops.table_size(123456789)
     with pytest.raises(tf.errors.InvalidArgumentError, match="optimizer"):
-        ops.set_optimizer(tid, "name=nonsense;flavor=keras")
+        ops.set_optimizer(tid, '{"name": "nonsense", "flavor": "keras"}')
     with pytest.raises(tf.errors.InvalidArgumentError, match="slots"):
         ops.import_table(tid, tf.constant([5], tf.int64), tf.ones([1, 4]), tf.ones([1, 3, 4]))
     assert int(ops.table_size(tid)) == 1
@@ -151,7 +154,7 @@ def test_errors_name_the_problem_and_leave_table_unchanged():
 
 
 def test_ops_are_stateful_and_ordered_in_functions():
-    tid = _table("dim=2;key_dtype=int64")
+    tid = _table('{"dim": 2, "key_dtype": "int64"}')
 
     @tf.function
     def rounds(keys):

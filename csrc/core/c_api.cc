@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dualemb_core.h"
+#include "config.h"
 #include "registry.h"
 
 using dualemb::Table;
@@ -95,6 +96,13 @@ int de_table_destroy(int64_t id) {
 
 int de_table_describe(int64_t id, char* buf, size_t buflen, size_t* needed) {
   return guarded("describe", [&] { copy_out(dualemb::get_table(id)->describe(), buf, buflen, needed); });
+}
+
+int de_canonical_json(const char* text, char* buf, size_t buflen, size_t* needed) {
+  return guarded("canonical JSON", [&] {
+    if (!text) throw std::invalid_argument("text is null");
+    copy_out(dualemb::canonical_json_text(text), buf, buflen, needed);
+  });
 }
 
 int de_table_dims(int64_t id, int64_t* dim, int32_t* key_dtype, int32_t* num_slots) {

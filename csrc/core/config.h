@@ -1,9 +1,26 @@
-// config.h — "name=value;name=value" strings: the one format the C ABI uses for table configs
-// and optimizer specs (POD across the ABI, readable in a manifest, easy to extend).
+// config.h — JSON specs: the one format the C ABI uses for table configs and optimizer specs.
+//
+// A spec is one JSON object (RFC 8259; no NaN/Infinity, no comments, no repeated member). The
+// JSON parser is nlohmann-json, kept inside config.cc; this header is the small typed accessor
+// layer the table, the initializers and the optimizers read specs through.
+//
+// Round trip. Every getter records the member it read into the spec's *echo*: the value exactly
+// as given (a JSON integer stays an integer, a float a float, a list keeps its length), or the
+// getter's fallback when the member is absent. echo() writes those members as canonical JSON, so
+// describe() gives back what was given, completed with defaults.
+//
+// Canonical JSON text is the byte sequence Python writes with
+//   json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+// (dualemb.core.spec.canonical): members sorted by name, no spaces, non-ASCII characters as
+// \uXXXX escapes, floats in Python's repr form (shortest round-trip digits; exponent form below
+// 1e-4 and from 1e16 on). nlohmann's own dump differs from that (1e15 is written "1e+15", DEL is
+// escaped), so the canonical writer is ours.
 #ifndef DUALEMB_CONFIG_H_
 #define DUALEMB_CONFIG_H_
 
+#include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -12,24 +29,54 @@ namespace dualemb {
 
 class Config {
  public:
-  // Throws std::invalid_argument on a malformed or repeated entry.
-  static Config parse(const std::string& text);
+  // Parses `text`, which must be one JSON object. `what` names the spec in errors ("table
+  // config", "optimizer spec"). Throws std::invalid_argument on malformed JSON, a value that is
+  // not an object, or a member given twice.
+  static Config parse(const std::string& text, const std::string& what);
+  Config(Config&&) noexcept;
+  Config& operator=(Config&&) noexcept;
+  ~Config();
 
-  bool has(const std::string& name) const { return values_.count(name) > 0; }
+  bool has(const std::string& name) const;
+  // Typed getters: `fallback` when the member is absent; std::invalid_argument naming the
+  // member and the expected type when it has another type.
   std::string get_string(const std::string& name, const std::string& fallback) const;
-  double get_double(const std::string& name, double fallback) const;
-  long long get_int(const std::string& name, long long fallback) const;
+  double get_double(const std::string& name, double fallback) const;  // finite JSON number
+  long long get_int(const std::string& name, long long fallback) const;  // JSON integer, int64
   unsigned long long get_uint(const std::string& name, unsigned long long fallback) const;
-  bool get_bool(const std::string& name, bool fallback) const;
-  std::vector<float> get_floats(const std::string& name) const;
-  // Throws std::invalid_argument naming the first entry not in `known` (`what` names the context).
+  bool get_bool(const std::string& name, bool fallback) const;  // JSON true / false
+  // A JSON list of finite numbers (empty if absent).
+  std::vector<double> get_doubles(const std::string& name) const;
+  // Throws std::invalid_argument naming the first member not in `known` (`what` names the
+  // context).
   void check_known(const std::set<std::string>& known, const std::string& what) const;
 
+  // The first member given but never read ("" if none): a member that does not apply.
+  std::string first_unread() const;
+
+  // Replaces (or adds) a member of the echo with canonical JSON text, for values the reader
+  // normalises (an optimizer's canonical name).
+  void set_echo(const std::string& name, const std::string& canonical_value) const;
+  // Leaves a member read so far out of the echo (settings that are not part of a description).
+  void drop_echo(const std::string& name) const;
+  // The members read so far, as a canonical JSON object.
+  std::string echo() const;
+
  private:
-  std::map<std::string, std::string> values_;
+  struct Impl;
+  explicit Config(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
-// Formats a double so that parsing it back gives the same value (shortest round-trip form).
+// Canonical JSON text of single values (see above).
+std::string canonical_json(double v);  // throws std::invalid_argument for NaN / infinity
+std::string canonical_json(const std::string& s);  // s must be valid UTF-8
+// Any JSON text (strict, as Config::parse) rewritten as canonical JSON text.
+std::string canonical_json_text(const std::string& text);
+// Whether two JSON texts hold the same value, numbers compared by value (1 == 1.0).
+bool same_json(const std::string& a, const std::string& b);
+
+// A double for messages: the canonical text, or "nan" / "inf" / "-inf".
 std::string format_double(double v);
 
 }  // namespace dualemb

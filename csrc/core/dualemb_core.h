@@ -30,23 +30,36 @@ enum { DE_RESTRICT_RECENCY = 0, DE_RESTRICT_FREQUENCY = 1, DE_RESTRICT_CUSTOM = 
 DE_API const char* de_last_error(void);
 DE_API const char* de_version(void);
 
-// Table lifecycle. `config` is "name=value;name=value" text (see docs/checkpoint_format.md §config):
-//   dim=<int, required>; key_dtype=int64|int32; initializer=zeros|constant|vector|normal|
-//   truncated_normal|uniform; seed=<uint64>; mean=; stddev=; minval=; maxval=; value=;
-//   values=<comma separated floats>; capacity=<int, 0 = unlimited>; evict_policy=recency|frequency;
-//   num_threads=<int, 0 = all cores>.
+// Specs are JSON objects (UTF-8 text; see docs/checkpoint_format.md §specs). Types are checked:
+// integers must be JSON integers, reals any JSON number, flags true/false, names strings; NaN
+// and infinities cannot be written in JSON and are refused, as are unknown and repeated members.
+//
+// Table lifecycle. `config` members: "dim" (int, required), "key_dtype" ("int64" | "int32"),
+// "value_dtype" ("float32"), "initializer" ("zeros" | "constant" | "vector" | "normal" |
+// "truncated_normal" | "uniform") with the members of its kind: "value" (constant), "values"
+// (vector: a list of dim or 1 numbers), "seed" (uint64), "mean", "stddev" (normal kinds),
+// "minval", "maxval" (uniform); "capacity" (int, 0 = unlimited), "evict_policy" ("recency" |
+// "frequency"), "num_threads" (int, 0 = all cores). A member the chosen initializer does not use
+// is refused.
 // get-or-create: if `id` exists already, its dim and key dtype must match `config`.
 DE_API int de_table_create(int64_t id, const char* config, int64_t* out_id);
 DE_API int de_table_exists(int64_t id);  // 1 or 0, never an error
 DE_API int de_table_destroy(int64_t id);
-// Canonical description: the config string followed by "|" and the optimizer spec (may be empty).
-// Writes at most buflen bytes (NUL-terminated); *needed receives the full length + 1.
+// Canonical description, one JSON object {"config": {...}, "optimizer": {...} | null}: every member
+// as it was given (an integer stays an integer, a float keeps its bits, a list its length), the
+// members not given with their defaults (num_threads, a setting of this process, is left out).
+// Canonical JSON is the exact text of Python's json.dumps(obj, sort_keys=True,
+// separators=(",", ":"), ensure_ascii=True, allow_nan=False). Writes at most buflen bytes (NUL-terminated); *needed receives the full length + 1.
 DE_API int de_table_describe(int64_t id, char* buf, size_t buflen, size_t* needed);
 DE_API int de_table_dims(int64_t id, int64_t* dim, int32_t* key_dtype, int32_t* num_slots);
 
-// Optimizer: "name=adam;flavor=keras|optax;beta_1=0.9;...". Attaching one to a non-empty table
-// adds the slot columns to every row (with the optimizer's initial slot values); an empty spec
-// detaches it and drops the slots.
+// `text`, any JSON value, rewritten as canonical JSON (what describe writes).
+DE_API int de_canonical_json(const char* text, char* buf, size_t buflen, size_t* needed);
+
+// Optimizer spec: {"name": "adam", "flavor": "keras" | "optax", "beta_1": 0.9, ...}. Attaching
+// one to a non-empty table adds the slot columns to every row (with the optimizer's initial slot values); an empty spec
+// detaches it and drops the slots. Attaching the same optimizer again (hyper-parameters equal as
+// numbers: 0 equals 0.0) keeps the slots.
 DE_API int de_set_optimizer(int64_t id, const char* spec);
 // Slot names of the attached optimizer, comma separated ("m,v").
 DE_API int de_slot_names(int64_t id, char* buf, size_t buflen, size_t* needed);

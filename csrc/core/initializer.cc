@@ -11,8 +11,8 @@ namespace dualemb {
 Initializer Initializer::from_config(const Config& c, int64_t dim) {
   Initializer init;
   init.dim_ = dim;
-  init.seed_ = c.get_uint("seed", 0);
   std::string kind = c.get_string("initializer", "zeros");
+  // Only the members a kind uses are read, so describe() lists exactly those.
   if (kind == "zeros") {
     init.kind_ = kZeros;
   } else if (kind == "constant") {
@@ -20,19 +20,22 @@ Initializer Initializer::from_config(const Config& c, int64_t dim) {
     init.a_ = c.get_double("value", 0.0);
   } else if (kind == "vector") {
     init.kind_ = kVector;
-    std::vector<float> v = c.get_floats("values");
+    if (!c.has("values")) throw std::invalid_argument("vector initializer needs 'values'");
+    std::vector<double> v = c.get_doubles("values");
     if (v.size() == 1) v.assign(static_cast<size_t>(dim), v[0]);
     if (static_cast<int64_t>(v.size()) != dim)
       throw std::invalid_argument("vector initializer has " + std::to_string(v.size()) +
                                   " values; it needs dim=" + std::to_string(dim) + " or 1");
-    init.vector_ = v;
+    init.vector_.assign(v.begin(), v.end());
   } else if (kind == "normal" || kind == "truncated_normal") {
     init.kind_ = kind == "normal" ? kNormal : kTruncatedNormal;
+    init.seed_ = c.get_uint("seed", 0);
     init.a_ = c.get_double("mean", 0.0);
     init.b_ = c.get_double("stddev", 1.0);
     if (!(init.b_ >= 0.0)) throw std::invalid_argument("initializer stddev must be >= 0");
   } else if (kind == "uniform") {
     init.kind_ = kUniform;
+    init.seed_ = c.get_uint("seed", 0);
     init.a_ = c.get_double("minval", -0.05);
     init.b_ = c.get_double("maxval", 0.05);
     if (!(init.b_ >= init.a_)) throw std::invalid_argument("initializer maxval must be >= minval");
@@ -89,28 +92,6 @@ void Initializer::fill(uint64_t key, float* row) const {
       return;
     }
   }
-}
-
-std::string Initializer::spec() const {
-  switch (kind_) {
-    case kZeros: return "initializer=zeros";
-    case kConstant: return "initializer=constant;value=" + format_double(a_);
-    case kVector: {
-      std::string s = "initializer=vector;values=";
-      for (size_t i = 0; i < vector_.size(); ++i)
-        s += (i ? "," : "") + format_double(vector_[i]);
-      return s;
-    }
-    case kNormal:
-    case kTruncatedNormal:
-      return std::string("initializer=") + (kind_ == kNormal ? "normal" : "truncated_normal") +
-             ";seed=" + std::to_string(seed_) + ";mean=" + format_double(a_) +
-             ";stddev=" + format_double(b_);
-    case kUniform:
-      return "initializer=uniform;seed=" + std::to_string(seed_) + ";minval=" + format_double(a_) +
-             ";maxval=" + format_double(b_);
-  }
-  return "initializer=zeros";
 }
 
 }  // namespace dualemb

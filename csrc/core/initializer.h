@@ -18,14 +18,13 @@ class Initializer {
  public:
   enum Kind { kZeros, kConstant, kVector, kNormal, kTruncatedNormal, kUniform };
 
-  // Reads initializer=, seed=, mean=, stddev=, minval=, maxval=, value=, values= from `c`.
+  // Reads the members initializer, and those of its kind (seed, mean, stddev, minval, maxval,
+  // value, values), from the table config `c` (which records them for describe()).
   // Throws std::invalid_argument naming a bad kind or parameter.
   static Initializer from_config(const Config& c, int64_t dim);
 
   // Writes the initial row of `key` (dim floats).
   void fill(uint64_t key, float* row) const;
-  // Canonical "initializer=...;seed=...;..." entries (only those the kind uses).
-  std::string spec() const;
   Kind kind() const { return kind_; }
 
  private:

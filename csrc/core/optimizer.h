@@ -31,13 +31,13 @@ class Optimizer {
   // Updates one row in place. row: [dim]; slots: [num_slots * dim]; grad: [dim] (already summed).
   virtual void apply(float* row, float* slots, const float* grad, int64_t dim,
                      const StepArgs& args) const = 0;
-  // Canonical spec string: "name=...;flavor=...;<every hyper-parameter>=<value>" in a fixed order,
-  // so that make_optimizer(spec()) recreates the same optimizer.
+  // Canonical spec, a JSON object (config.h): name, flavor and every hyper-parameter (as given,
+  // or its default), so that make_optimizer(spec()) recreates the same optimizer.
   virtual std::string spec() const = 0;
 };
 
-// Parses "name=adam;flavor=keras;beta_1=0.9;...". Hyper-parameters not given take the flavor's
-// default. Throws std::invalid_argument naming an unknown optimizer, flavor or hyper-parameter,
+// Parses the JSON spec {"name": "adam", "flavor": "keras", "beta_1": 0.9, ...}. Hyper-parameters
+// not given take the flavor's default. Throws std::invalid_argument naming an unknown optimizer, flavor or hyper-parameter,
 // or a value out of range.
 std::unique_ptr<Optimizer> make_optimizer(const std::string& spec);
 

@@ -63,7 +63,7 @@ class DedupMap {
 }  // namespace
 
 Table::Table(const std::string& config_text) {
-  Config c = Config::parse(config_text);
+  Config c = Config::parse(config_text, "table config");
   c.check_known({"dim", "key_dtype", "value_dtype", "initializer", "seed", "mean", "stddev",
                  "minval", "maxval", "value", "values", "capacity", "evict_policy",
                  "num_threads"},
@@ -86,6 +86,15 @@ Table::Table(const std::string& config_text) {
   else throw std::invalid_argument("unknown evict_policy '" + ep + "' (recency, frequency)");
   num_threads_ = static_cast<int>(c.get_int("num_threads", 0));
   if (num_threads_ < 0) throw std::invalid_argument("num_threads must be >= 0 (0 = all cores)");
+  // A setting of this process (de_set_num_threads changes it), not part of the description.
+  c.drop_echo("num_threads");
+  // A known member that this config does not use (a seed for zeros, minval for normal) is
+  // refused rather than ignored: the caller meant something this table will not do.
+  const std::string unused = c.first_unread();
+  if (!unused.empty())
+    throw std::invalid_argument("table config: '" + unused + "' does not apply to initializer '" +
+                                c.get_string("initializer", "zeros") + "'");
+  config_json_ = c.echo();  // every member read above, as given or defaulted
   int64_t shift = chunk_shift_for(dim_);
   for (int i = 0; i < kNumShards; ++i) shards_.emplace_back(new Shard(dim_, shift));
 }
@@ -101,15 +110,10 @@ int Table::num_slots() const { return optimizer_ ? optimizer_->num_slots() : 0; 
 
 std::string Table::describe() const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  std::string s = "dim=" + std::to_string(dim_) + ";key_dtype=" +
-                  (key_dtype_ == 0 ? "int64" : "int32") + ";value_dtype=float32;" + init_.spec();
-  if (capacity_ > 0) {
-    s += ";capacity=" + std::to_string(capacity_) + ";evict_policy=" +
-         (evict_policy_ == RestrictBy::kRecency ? "recency" : "frequency");
-  }
-  s += "|";
-  if (optimizer_) s += optimizer_->spec();
-  return s;
+  // Canonical JSON (config.h): the members are already in sorted order, and both parts are
+  // canonical texts themselves.
+  return "{\"config\":" + config_json_ + ",\"optimizer\":" +
+         (optimizer_ ? optimizer_->spec() : std::string("null")) + "}";
 }
 
 std::vector<std::string> Table::slot_names() const {
@@ -126,7 +130,8 @@ void Table::set_optimizer(const std::string& spec) {
   int new_slots = opt ? opt->num_slots() : 0;
   std::unique_ptr<Optimizer> old = std::move(optimizer_);
   optimizer_ = std::move(opt);
-  bool same = old && optimizer_ && old->spec() == optimizer_->spec();
+  // Same optimizer, numbers compared by value: {"epsilon": 0} equals {"epsilon": 0.0}.
+  bool same = old && optimizer_ && same_json(old->spec(), optimizer_->spec());
   if (old_slots != new_slots || !same) {
     try {
       rebuild_rows(dim_ * (1 + new_slots));

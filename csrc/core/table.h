@@ -33,7 +33,8 @@ class Table {
   int64_t dim() const { return dim_; }
   int key_dtype() const { return key_dtype_; }
   int num_slots() const;
-  std::string describe() const;  // config + "|" + optimizer spec
+  // {"config":{...},"optimizer":{...}|null} as canonical JSON (config.h).
+  std::string describe() const;
   std::vector<std::string> slot_names() const;
   void set_optimizer(const std::string& spec);
   void set_num_threads(int n) { num_threads_ = n; }
@@ -108,6 +109,7 @@ class Table {
   int64_t dim_;
   int key_dtype_;
   Initializer init_;
+  std::string config_json_;  // canonical JSON of the config as given, defaults filled in
   int64_t capacity_ = 0;
   RestrictBy evict_policy_ = RestrictBy::kRecency;
   int num_threads_ = 0;

@@ -122,6 +122,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("destroy", [](int64_t id) { check(de_table_destroy(id)); });
   m.def("describe", [](int64_t id) { return read_string(de_table_describe, id); });
   m.def("slot_names", [](int64_t id) { return read_string(de_slot_names, id); });
+  m.def("canonical_json", [](const std::string& text) {
+    size_t needed = 0;
+    check(de_canonical_json(text.c_str(), nullptr, 0, &needed));
+    std::string s(needed, '\0');
+    check(de_canonical_json(text.c_str(), s.data(), s.size(), &needed));
+    s.resize(needed - 1);
+    return s;
+  });
   m.def("dims", [](int64_t id) {
     int64_t dim;
     int32_t kd, ns;

@@ -31,7 +31,7 @@ static int64_t make(const char* config) {
 }
 
 static void test_basic_ops() {
-  int64_t id = make("dim=4;initializer=constant;value=0.5");
+  int64_t id = make(R"({"dim": 4, "initializer": "constant", "value": 0.5})");
   std::vector<int64_t> keys = {1, 2, 3, 1000000007};
   std::vector<float> vals(16), out(16);
   for (int i = 0; i < 16; ++i) vals[i] = static_cast<float>(i);
@@ -56,14 +56,14 @@ static void test_basic_ops() {
   CHECK(std::strstr(de_last_error(), "dtype") != nullptr);
   CHECK(de_find(12345, DE_KEY_INT64, keys.data(), 4, out.data(), nullptr) == -1);
   CHECK(std::strstr(de_last_error(), "unknown table id") != nullptr);
-  CHECK(de_set_optimizer(id, "name=nope") == -1);
-  CHECK(de_table_create(0, "dim=0", &n) == -1);
+  CHECK(de_set_optimizer(id, R"({"name": "nope"})") == -1);
+  CHECK(de_table_create(0, R"({"dim": 0})", &n) == -1);
   OK(de_table_destroy(id));
 }
 
 static void test_optimizer_step_and_restrict() {
-  int64_t id = make("dim=2");
-  OK(de_set_optimizer(id, "name=sgd;flavor=keras"));
+  int64_t id = make(R"({"dim": 2})");
+  OK(de_set_optimizer(id, R"({"name": "sgd", "flavor": "keras"})"));
   std::vector<int64_t> keys = {7, 7, 8};
   std::vector<float> grads = {1, 1, 2, 2, 4, 4};
   OK(de_apply_gradients(id, DE_KEY_INT64, keys.data(), 3, grads.data(), 0.5f, 1, nullptr));
@@ -79,8 +79,8 @@ static void test_optimizer_step_and_restrict() {
 // Writers own disjoint key ranges (so the final content is known) while other threads read,
 // export and churn a shared range.
 static void test_concurrency() {
-  int64_t id = make("dim=8;initializer=normal;seed=3;stddev=0.1");
-  OK(de_set_optimizer(id, "name=adam;flavor=keras"));
+  int64_t id = make(R"({"dim": 8, "initializer": "normal", "seed": 3, "stddev": 0.1})");
+  OK(de_set_optimizer(id, R"({"name": "adam", "flavor": "keras"})"));
   const int kWriters = 3;
   const int kRange = 4000;
   std::vector<std::map<int64_t, float>> model(kWriters);
@@ -155,7 +155,43 @@ static void test_concurrency() {
   OK(de_table_destroy(id));
 }
 
+static std::string describe(int64_t id) {
+  size_t needed = 0;
+  OK(de_table_describe(id, nullptr, 0, &needed));
+  std::string s(needed, '\0');
+  OK(de_table_describe(id, s.data(), s.size(), &needed));
+  s.resize(needed - 1);
+  return s;
+}
+
+// The description echoes the spec with its JSON types (an int stays an int, [0.5] a list) in the
+// canonical text Python's json.dumps(sort_keys=True, separators=(",", ":")) writes.
+static void test_json_specs_round_trip() {
+  int64_t id = make(R"({"values": [0.5], "dim": 3, "initializer": "vector", "capacity": 7})");
+  OK(de_set_optimizer(id, R"({"name": "sgd", "flavor": "optax", "momentum": 0, "nesterov": true})"));
+  CHECK(describe(id) ==
+        R"({"config":{"capacity":7,"dim":3,"evict_policy":"recency","initializer":"vector",)"
+        R"("key_dtype":"int64","value_dtype":"float32","values":[0.5]},"optimizer":{)"
+        R"("flavor":"optax","momentum":0,"name":"sgd","nesterov":true}})");
+  OK(de_table_destroy(id));
+  id = make(R"({"dim": 1, "initializer": "normal", "seed": 18446744073709551615,
+                "mean": 1e15, "stddev": 5e-324})");
+  CHECK(describe(id) ==
+        R"({"config":{"capacity":0,"dim":1,"evict_policy":"recency","initializer":"normal",)"
+        R"("key_dtype":"int64","mean":1000000000000000.0,"seed":18446744073709551615,)"
+        R"("stddev":5e-324,"value_dtype":"float32"},"optimizer":null})");
+  OK(de_table_destroy(id));
+  int64_t n = 0;
+  CHECK(de_table_create(0, R"({"dim": 2, "dim": 3})", &n) == -1);
+  CHECK(std::strstr(de_last_error(), "'dim' given twice") != nullptr);
+  CHECK(de_table_create(0, R"({"dim": 2.5})", &n) == -1);
+  CHECK(std::strstr(de_last_error(), "'dim' must be an integer") != nullptr);
+  CHECK(de_table_create(0, R"({"dim": 2, "initializer": "zeros", "seed": 1})", &n) == -1);
+  CHECK(de_table_create(0, "dim=2", &n) == -1);
+}
+
 int main() {
+  test_json_specs_round_trip();
   test_basic_ops();
   test_optimizer_step_and_restrict();
   test_concurrency();

@@ -176,7 +176,7 @@ REGISTER_OP("DualembDescribe")
     .Output("description: string")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
-    .Doc("The table's config string, '|', and its optimizer spec.");
+    .Doc("The table's description, JSON {\"config\": {...}, \"optimizer\": {...} | null}.");
 
 REGISTER_OP("DualembGetClock")
     .Input("table_id: int64")

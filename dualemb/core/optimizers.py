@@ -28,7 +28,13 @@ def canonical(optimizer) -> dict | None:
     if optimizer is None:
         return None
     if isinstance(optimizer, str):
-        optimizer = from_spec(optimizer) if "=" in optimizer else {"name": optimizer}
+        if optimizer.lstrip().startswith("{"):
+            optimizer = from_spec(optimizer)
+        elif "=" in optimizer:
+            raise ValueError(f"optimizer spec {optimizer!r}: 'name=value;...' text is no longer "
+                             "accepted; pass a dict or its JSON text")
+        else:
+            optimizer = {"name": optimizer}
     if not isinstance(optimizer, dict) or "name" not in optimizer:
         raise TypeError(f"optimizer must be a spec dict with a 'name', got {optimizer!r}")
     spec = dict(optimizer)

@@ -15,7 +15,7 @@ import numpy as np
 from dualemb._native import load_extension
 from dualemb.core import initializers as _inits
 from dualemb.core import optimizers as _opts
-from dualemb.core.spec import from_spec, to_spec
+from dualemb.core.spec import parse_description, to_spec
 
 _core = load_extension("_core")
 
@@ -38,7 +38,7 @@ class Table:
       key_dtype: "int64" (default) or "int32".
       initializer: row a missing key reads as, and a new key starts from: None (zeros), a number,
         an array of length dim or 1, or a ``dualemb.core.initializers`` spec.
-      optimizer: optional ``dualemb.core.optimizers`` spec (dict or "name=...;..." string); its
+      optimizer: optional ``dualemb.core.optimizers`` spec (dict, JSON text, or a name); its
         slots are stored beside every row.
       capacity: if > 0, writes that grow the table past it evict keys by ``evict_policy``
         ("recency" or "frequency") and report how many.
@@ -115,8 +115,7 @@ class Table:
 
     def describe(self) -> tuple[dict, dict | None]:
         """(table config, optimizer spec or None) as the core records them."""
-        config, _, opt = _core.describe(self._id).partition("|")
-        return from_spec(config), (from_spec(opt) if opt else None)
+        return parse_description(_core.describe(self._id))
 
     @property
     def initializer(self) -> dict:

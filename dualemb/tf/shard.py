@@ -18,7 +18,7 @@ import weakref
 
 import tensorflow as tf
 
-from dualemb.core.spec import from_spec
+from dualemb.core.spec import parse_description
 from dualemb.tf import ops
 
 
@@ -70,8 +70,7 @@ class TableShard(tf.saved_model.experimental.TrackableResource):
         """(config, optimizer spec or None) as the core records them."""
         with tf.init_scope():
             text = ops.describe(self.resource).numpy().decode()
-        config, _, opt = text.partition("|")
-        return from_spec(config), (from_spec(opt) if opt else None)
+        return parse_description(text)
 
     def slot_names(self) -> list[str]:
         from dualemb.core import Table  # host-side metadata through the pybind module

@@ -20,12 +20,16 @@ import json
 import numpy as np
 import tensorflow as tf
 
+from dualemb.core import legacy_spec
 from dualemb.core.checkpoint import CheckpointError
+from dualemb.core.spec import parse_description, to_spec
 from dualemb.core.table import Table, _core
 from dualemb.tf import ops
 
 FORMAT = "dualemb.tf.variable"
-FORMAT_VERSION = 1
+# 2: "describe" is the core's JSON description object. 1: "config|optimizer" in the old
+# "name=value" syntax (read through dualemb.core.legacy_spec).
+FORMAT_VERSION = 2
 # The local names of the tensors one Variable contributes to a TF checkpoint or a Keras store.
 # They are the same whatever the shard count and optimizer, so a checkpoint restores into any
 # number of shards (keys are re-routed with the variable's partitioner) and into a variable whose
@@ -62,8 +66,8 @@ def var_facts(var) -> dict:
     ids = shard_ids(var)
     descr = []
     for tid in ids:
-        config, _, opt = describe(tid).partition("|")
-        descr.append((config, opt))
+        config, opt = parse_description(describe(tid))
+        descr.append((to_spec(config), opt))
     return {
         "name": str(var.name),
         "dim": int(var.dim),
@@ -75,7 +79,7 @@ def var_facts(var) -> dict:
 
 
 def describe(table_id: int) -> str:
-    """The core's description of a table: its config, '|', its optimizer spec."""
+    """The core's description of a table: JSON {"config": {...}, "optimizer": {...} | null}."""
     return _core.describe(int(table_id))
 
 
@@ -88,13 +92,14 @@ def partition(var, keys: tf.Tensor, num_shards: int) -> tf.Tensor:
 # ---- the meta description -----------------------------------------------------------------------
 
 def _meta_tensor(facts: dict, description: tf.Tensor) -> tf.Tensor:
-    """JSON text describing the saved variable. The table's description (config '|' optimizer
-    spec) is read by an op when the checkpoint is written, so it is current in graph mode too."""
+    """JSON text describing the saved variable. The table's description (the core's JSON object
+    {"config": ..., "optimizer": ...}) is read by an op when the checkpoint is written, so it is
+    current in graph mode too. It is the last member (see _optimizer_of)."""
     static = {"format": FORMAT, "version": FORMAT_VERSION, "name": facts["name"],
               "dim": facts["dim"], "key_dtype": facts["key_dtype"],
               "value_dtype": facts["value_dtype"], "num_shards": len(facts["ids"])}
-    head = json.dumps(static)[:-1] + ', "describe": "'
-    return tf.strings.join([head, description, '"}'])
+    head = json.dumps(static)[:-1] + ', "describe": '
+    return tf.strings.join([head, description, "}"])
 
 
 def parse_meta(text, where: str) -> dict:
@@ -183,7 +188,7 @@ def eager_checks(facts: dict, restored: dict, where: str) -> None:
     if len(s) != 3 or s[0] != n or s[2] != dim:
         raise CheckpointError(f"{where}: tensor 'slots' has shape {s}, expected "
                               f"[{n}, num_slots, {dim}]")
-    opt = meta.get("describe", "").partition("|")[2]
+    opt = _saved_optimizer_text(meta, where)
     if s[1] and not opt:
         raise CheckpointError(f"{where}: the checkpoint has {s[1]} slot columns but no optimizer")
     if opt:
@@ -203,10 +208,38 @@ def eager_checks(facts: dict, restored: dict, where: str) -> None:
             raise CheckpointError(f"{where}: keys do not fit the variable's int32 key dtype")
 
 
+def _saved_optimizer_text(meta: dict, where: str) -> str:
+    """The optimizer spec (JSON text, "" if none) of a parsed meta description."""
+    description = meta.get("describe")
+    try:
+        if isinstance(description, str):  # description version 1
+            opt = legacy_spec.parse_description(description)[1]
+        elif isinstance(description, dict) and "optimizer" in description:
+            opt = description["optimizer"]
+        else:
+            raise ValueError(f"'describe' is {description!r}")
+        return "" if opt is None else to_spec(opt)
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{where}: malformed dualemb description ({e})") from None
+
+
+# The meta JSON ends with the core's canonical description, whose config and optimizer objects
+# hold no nested objects and no free text (only numbers, lists and enumerated names).
+_META_OPTIMIZER = (r'^\{.*, "describe": \{"config":\{[^{}]*\},"optimizer":'
+                   r'(null|\{[^{}]*\})\}\}$')
+
+
 def _optimizer_of(meta: tf.Tensor) -> tf.Tensor:
     """The optimizer spec saved in the meta JSON (empty string if none), as a string tensor."""
-    description = tf.strings.regex_replace(meta, r'^.*"describe": "([^"]*)".*$', r"\1")
-    return tf.strings.regex_replace(description, r"^[^|]*\|?", "")
+    if tf.executing_eagerly():
+        return tf.constant(_saved_optimizer_text(parse_meta(meta, "dualemb meta"), "meta"))
+    known = tf.debugging.Assert(
+        tf.strings.regex_full_match(meta, _META_OPTIMIZER),
+        [tf.constant("dualemb: this checkpoint's description was written by an older dualemb "
+                     "(or is malformed); restore it eagerly (outside tf.function)"), meta])
+    with tf.control_dependencies([known]):
+        opt = tf.strings.regex_replace(meta, _META_OPTIMIZER, r"\1")
+    return tf.strings.regex_replace(opt, "^null$", "")
 
 
 def import_tensors(var, facts: dict, restored: dict, deps: list):
@@ -248,7 +281,8 @@ def _sync_optimizer_spec(var) -> None:
     later re-creates the table with it."""
     for t, tid in zip(var.tables, shard_ids(var)):
         if hasattr(t, "optimizer_spec"):
-            t.optimizer_spec = describe(tid).partition("|")[2]
+            opt = parse_description(describe(tid))[1]
+            t.optimizer_spec = "" if opt is None else to_spec(opt)
 
 
 # ---- core Table views (the common checkpoint format) ---------------------------------------------

@@ -53,7 +53,8 @@ constexpr Range kNonNegative{0.0, kInf, false, true};  // [0, inf)
 constexpr Range kNonPositive{-kInf, 0.0, true, false}; // (-inf, 0]
 
 // Reads the hyper-parameters of one spec, checks their ranges, rejects names it was not asked
-// for, and builds the canonical spec string (hyper-parameters in the order they were read).
+// for, and gives the canonical spec: the JSON object of the name, the flavor and every
+// hyper-parameter read (each as given, or its default).
 class HyperParams {
  public:
   HyperParams(const Config& cfg, const std::string& name, Flavor flavor);
@@ -61,7 +62,7 @@ class HyperParams {
   double real(const std::string& key, double fallback, Range range);
   bool flag(const std::string& key, bool fallback);
   // Throws std::invalid_argument naming the first entry of the spec that was not read.
-  // Returns the canonical spec "name=..;flavor=..;k=v;..".
+  // Returns the canonical spec JSON {"flavor":..,"name":..,<hyper-parameters>}.
   std::string finish() const;
   // "optimizer 'adam' (flavor=keras)", for error messages.
   const std::string& context() const { return context_; }
@@ -71,7 +72,6 @@ class HyperParams {
   const Config& cfg_;
   std::string context_;
   std::set<std::string> known_;
-  std::string canonical_;
 };
 
 // The common parts of every optimizer: slot names and initial values, and the canonical spec.

@@ -14,8 +14,11 @@ namespace optimizers {
 HyperParams::HyperParams(const Config& cfg, const std::string& name, Flavor flavor)
     : cfg_(cfg),
       context_("optimizer '" + name + "' (flavor=" + flavor_name(flavor) + ")"),
-      known_{"name", "flavor"},
-      canonical_("name=" + name + ";flavor=" + flavor_name(flavor)) {}
+      known_{"name", "flavor"} {
+  // The canonical name and flavor replace what was given ("amsgrad" is recorded as "adam").
+  cfg_.set_echo("name", canonical_json(name));
+  cfg_.set_echo("flavor", canonical_json(std::string(flavor_name(flavor))));
+}
 
 void HyperParams::fail(const std::string& what) const {
   throw std::invalid_argument(context_ + ": " + what);
@@ -34,10 +37,9 @@ double HyperParams::real(const std::string& key, double fallback, Range range) {
   if (!ok) {
     std::string lo = std::isinf(range.lo) ? "-inf" : format_double(range.lo);
     std::string hi = std::isinf(range.hi) ? "inf" : format_double(range.hi);
-    fail(key + "=" + cfg_.get_string(key, format_double(v)) + " is out of range: must be in " +
+    fail(key + "=" + format_double(v) + " is out of range: must be in " +
          (range.lo_open ? "(" : "[") + lo + ", " + hi + (range.hi_open ? ")" : "]"));
   }
-  canonical_ += ";" + key + "=" + format_double(v);
   return v;
 }
 
@@ -49,13 +51,12 @@ bool HyperParams::flag(const std::string& key, bool fallback) {
   } catch (const std::invalid_argument& e) {
     fail(e.what());
   }
-  canonical_ += ";" + key + "=" + (v ? "true" : "false");
   return v;
 }
 
 std::string HyperParams::finish() const {
   cfg_.check_known(known_, context_);
-  return canonical_;
+  return cfg_.echo();
 }
 
 float OptimizerBase::slot_initial_value(int slot) const {
@@ -97,9 +98,9 @@ const Entry kOptimizers[] = {
 
 std::unique_ptr<Optimizer> make_optimizer(const std::string& spec) {
   using namespace optimizers;
-  Config cfg = Config::parse(spec);
+  Config cfg = Config::parse(spec, "optimizer spec");
   if (!cfg.has("name"))
-    throw std::invalid_argument("optimizer spec '" + spec + "' has no name= entry");
+    throw std::invalid_argument("optimizer spec '" + spec + "' has no \"name\" member");
   const std::string name = cfg.get_string("name", "");
   Factory factory = nullptr;
   std::string known;

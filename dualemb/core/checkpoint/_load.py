@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import warnings
@@ -11,11 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from dualemb.core.checkpoint import _fs
-from dualemb.core.routing import shard_of
-from dualemb.core.checkpoint._manifest import (KEY_DTYPES, MANIFEST, META_TENSORS, SLOT_PREFIX,
-                                               VALUE_DTYPES, CheckpointError, validate)
+from dualemb.core.checkpoint import _fs, _manifest
+from dualemb.core.checkpoint._manifest import (KEY_DTYPES, META_TENSORS, SLOT_PREFIX,
+                                               VALUE_DTYPES, CheckpointError)
 from dualemb.core.checkpoint._result import Checkpoint
+from dualemb.core.routing import shard_of
 from dualemb.core.checkpoint._safetensors import Reader, crc32_combine
 from dualemb.core.checkpoint._save import PAGE_BYTES, _shards_of, _workers
 from dualemb.core.table import Table
@@ -25,17 +24,7 @@ _SEGMENT_BYTES = 32 << 20  # tensors are checksummed in segments of this size, i
 
 
 def read_manifest_at(root: str) -> dict:
-    mpath = os.path.join(root, MANIFEST)
-    try:
-        with open(mpath, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise CheckpointError(f"{root}: no {MANIFEST}; not a complete dualemb checkpoint") from None
-    try:
-        manifest = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{mpath}: not valid JSON ({e})") from None
-    return validate(manifest, mpath)
+    return _manifest.read(root)
 
 
 def read_manifest(path) -> dict:

@@ -1,14 +1,22 @@
-"""Format constants, the error type, and validation of a parsed ``manifest.json``."""
+"""Format constants, the error type, ``manifest.json`` with its checksum file, and validation."""
 
 from __future__ import annotations
 
 import json
 import os
+import zlib
 from typing import Any
 
+from dualemb.core import legacy_spec
+
 FORMAT = "dualemb-checkpoint"
-VERSION = 1
+# 2: initializer and optimizer objects hold the JSON specs the core describes (exact types), and
+#    manifest.json is covered by MANIFEST_CHECKSUM. 1: specs converted from "name=value" text
+#    (read through dualemb.core.legacy_spec), no manifest checksum.
+VERSION = 2
 MANIFEST = "manifest.json"
+# {"bytes": <size of manifest.json>, "crc32": <CRC-32 of its bytes>, "file": "manifest.json"}
+MANIFEST_CHECKSUM = "manifest.crc32.json"
 DENSE_FILE = "dense.safetensors"
 
 KEY_DTYPES = {"int64": "I64", "int32": "I32"}
@@ -33,6 +41,59 @@ def dumps(manifest: dict) -> bytes:
     except (TypeError, ValueError) as e:
         raise ValueError(f"checkpoint manifest is not JSON-serialisable: {e}") from e
     return (text + "\n").encode("utf-8")
+
+
+def _checksum_record(data: bytes) -> bytes:
+    rec = {"bytes": len(data), "crc32": zlib.crc32(data), "file": MANIFEST}
+    return (json.dumps(rec, sort_keys=True, separators=(",", ":")) + "\n").encode("ascii")
+
+
+def write_files(directory: str, manifest: dict, write_file) -> None:
+    """Writes MANIFEST_CHECKSUM, then manifest.json (last: its presence marks a complete
+    checkpoint). `write_file(path, data)` writes and fsyncs one new file."""
+    data = dumps(manifest)
+    write_file(os.path.join(directory, MANIFEST_CHECKSUM), _checksum_record(data))
+    write_file(os.path.join(directory, MANIFEST), data)
+
+
+def _verify_checksum(root: str, data: bytes) -> bool:
+    """Checks manifest.json's bytes against MANIFEST_CHECKSUM; False if there is none."""
+    cpath = os.path.join(root, MANIFEST_CHECKSUM)
+    try:
+        with open(cpath, "rb") as f:
+            stored = f.read()
+    except FileNotFoundError:
+        return False
+    if stored != _checksum_record(data):
+        try:
+            rec = json.loads(stored.decode("ascii"))
+            detail = (f"it records {rec['bytes']} bytes with CRC-32 {rec['crc32']}, the manifest "
+                      f"has {len(data)} bytes with CRC-32 {zlib.crc32(data)}")
+        except Exception:
+            detail = f"{MANIFEST_CHECKSUM} is malformed"
+        raise CheckpointError(f"{os.path.join(root, MANIFEST)}: checksum mismatch ({detail}); "
+                              "the manifest or its checksum file is corrupt")
+    return True
+
+
+def read(root: str) -> dict:
+    """The validated manifest of the checkpoint directory `root`, its bytes verified first."""
+    mpath = os.path.join(root, MANIFEST)
+    try:
+        with open(mpath, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise CheckpointError(f"{root}: no {MANIFEST}; not a complete dualemb checkpoint") from None
+    checked = _verify_checksum(root, data)
+    try:
+        manifest = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{mpath}: not valid JSON ({e})") from None
+    manifest = validate(manifest, mpath)
+    if not checked and manifest["version"] >= 2:
+        raise CheckpointError(f"{mpath}: {MANIFEST_CHECKSUM} is missing; a version "
+                              f"{manifest['version']} manifest cannot be verified without it")
+    return manifest
 
 
 def _need(cond: bool, where: str, what: str) -> None:
@@ -72,6 +133,16 @@ def _check_file(where: str, f: Any) -> None:
     _check_tensors(where + f" file {name!r}", f.get("tensors"))
 
 
+def _upgrade_v1(table: dict, where: str) -> None:
+    """Gives the specs of a version-1 manifest the types the core describes today."""
+    for member in ("initializer", "optimizer"):
+        if isinstance(table.get(member), dict):
+            try:
+                table[member] = legacy_spec.upgrade_spec(table[member])
+            except ValueError as e:
+                raise CheckpointError(f"malformed manifest ({where}): '{member}': {e}") from None
+
+
 def validate(manifest: Any, where: str) -> dict:
     """Checks the structure of a parsed manifest; returns it. `where` names it in errors."""
     if not isinstance(manifest, dict):
@@ -106,6 +177,8 @@ def validate(manifest: Any, where: str) -> dict:
         w = f"{where}, table {name!r}"
         for member, default in (("optimizer", None), ("step", None), ("slot_names", [])):
             t.setdefault(member, default)  # absent means null / none
+        if version == 1:
+            _upgrade_v1(t, w)
         _need(t.get("key_dtype") in KEY_DTYPES, w,
               f"unsupported key_dtype {t.get('key_dtype')!r} (int64, int32)")
         _need(t.get("value_dtype") in VALUE_DTYPES, w,

@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dualemb.core.checkpoint import _fs
-from dualemb.core.checkpoint._manifest import (DENSE_FILE, FORMAT, MANIFEST,
-                                               SLOT_PREFIX, VERSION, CheckpointError, dumps,
-                                               shard_file_name)
+from dualemb.core.checkpoint._manifest import (DENSE_FILE, FORMAT, SLOT_PREFIX, VERSION,
+                                               CheckpointError, dumps, shard_file_name)
+from dualemb.core.checkpoint._manifest import write_files as write_manifest_files
 from dualemb.core.checkpoint._safetensors import Writer, dtype_code, fsync_dir, pwrite_all
 
 # A page never exceeds this many bytes (whatever page_rows says), which bounds the memory a save
@@ -74,6 +74,15 @@ def _describe(name: str, shards: list) -> dict:
                 raise ValueError(f"table {name!r}: shard {j} has {field} {entry[field]!r}, "
                                  f"shard 0 has {first[field]!r}; shards of one table must agree")
     return first
+
+
+def _write_new_file(path: str, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        pwrite_all(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _export_page(table, offset: int, limit: int) -> dict:
@@ -233,13 +242,7 @@ def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 
         dense_entry = _write_dense(os.path.join(tmp, DENSE_FILE), dense) if dense else None
         manifest = {"format": FORMAT, "version": VERSION, "created_unix": time.time(),
                     "metadata": metadata, "dense": dense_entry, "tables": manifest_tables}
-        mpath = os.path.join(tmp, MANIFEST)
-        fd = os.open(mpath, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            pwrite_all(fd, dumps(manifest), 0)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_manifest_files(tmp, manifest, _write_new_file)
         fsync_dir(tmp)
         if os.path.lexists(path) and not _fs.is_complete(path):
             os.rmdir(path)  # the empty directory checked above
