@@ -18,7 +18,8 @@ table on is what orders the side-effecting calls::
 Works under ``jit``, ``grad``, ``vmap``, ``lax.scan``/``fori_loop`` and with several tables in
 one step. int64 ids in JAX's default 32-bit mode: see :mod:`dualemb.jax.ids`. Optimizers:
 :mod:`dualemb.jax.optimizers` (fused, Optax-named) or any Optax transformation
-(:mod:`dualemb.jax.generic`). Checkpoints: :func:`save` / :func:`load` (common format),
+(:mod:`dualemb.jax.generic`); Keras' Adam for dense parameters: :mod:`dualemb.jax.keras_optax`.
+Checkpoints: :func:`save` / :func:`load` (common format),
 :mod:`dualemb.jax.orbax` (CheckpointManager). Flax: :mod:`dualemb.jax.nnx`.
 Importing this module registers the FFI targets for the CPU platform.
 """
@@ -47,6 +48,6 @@ def __getattr__(name):
     import importlib
     if name in ("save", "load"):
         return getattr(importlib.import_module("dualemb.jax.checkpoint"), name)
-    if name in ("checkpoint", "nnx", "orbax", "generic"):
+    if name in ("checkpoint", "nnx", "orbax", "generic", "keras_optax"):
         return importlib.import_module(f"dualemb.jax.{name}")
     raise AttributeError(f"module 'dualemb.jax' has no attribute {name!r}")
