@@ -1,8 +1,9 @@
 """dualemb.jax: dynamic embedding tables for JAX — a functional API over XLA FFI custom calls.
 
-A table is a small pytree (:class:`Table`: static id, dim, key dtype and optimizer; a version
-token and a step count). Reads return values; writes return the next table, and passing that
-table on is what orders the side-effecting calls::
+A table is a small pytree (:class:`Table`: static dim, key dtype and optimizer; float32 leaves
+for its id, a version token and a step count). The id is a runtime operand, so one compiled step
+serves every table of the same kind (docs/jax.md). Reads return values; writes return the next
+table, and passing that table on is what orders the side-effecting calls::
 
     import dualemb.jax as dej
     table = dej.create(dim=16, initializer=dej.initializers.normal(0.0, 0.01, seed=0),

@@ -127,8 +127,9 @@ class Table:
 
     @property
     def id(self) -> int:
-        """The table's id (a Python int). Not available inside ``jit``, where the id is a
-        runtime value: identity is an operand, so compiled code does not depend on it."""
+        """The table's id as a Python int (outside ``jit``; inside, the id is a runtime value).
+
+        Identity is an operand of every call, so compiled code does not depend on it."""
         if self._id is None:
             if _is_traced(self.handle):
                 raise TypeError(
