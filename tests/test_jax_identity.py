@@ -220,3 +220,36 @@ def test_a_schedule_returning_a_non_scalar_is_refused():
 def test_create_refuses_a_bad_table_id(table_id):
     with pytest.raises(ValueError, match="table_id"):
         dej.create(DIM, table_id=table_id)
+
+
+def test_generic_optax_tables_share_one_compiled_step_too():
+    """The generic path's state tables are leaves as well: two tables trained with the same
+    Optax transformation run one executable, each on its own rows and state."""
+    optax = pytest.importorskip("optax")
+    tx = optax.adam(0.1)
+    traces = []
+
+    @jax.jit
+    def step(t, ids, g):
+        traces.append(1)
+        return dej.apply_gradients(t, ids, g)
+
+    ids = dej.ids(IDS)
+    g = np.ones((len(IDS), DIM), np.float32)
+    a, rows_a = _new_table(13, tx)
+    b, rows_b = _new_table(14, tx)
+    a, b = step(a, ids, g), step(b, ids, g)
+    b = step(b, ids, g)
+    assert len(traces) == 1 and step._cache_size() == 1
+    # Reference: Optax Adam on the dense rows (a: one step, b: two).
+    def ref(rows, n):
+        p, s = jnp.asarray(rows), tx.init(jnp.asarray(rows))
+        for _ in range(n):
+            u, s = tx.update(jnp.ones_like(p), s, p)
+            p = optax.apply_updates(p, u)
+        return p
+    np.testing.assert_allclose(dej.lookup(a, IDS), ref(rows_a, 1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(dej.lookup(b, IDS), ref(rows_b, 2), rtol=1e-5, atol=1e-6)
+    assert int(a.opt_state[0]) == 1 and int(b.opt_state[0]) == 2
+    dej.destroy(a)
+    dej.destroy(b)
