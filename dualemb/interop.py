@@ -35,19 +35,18 @@ layers) are not dense parameters: they are skipped; their tables are the checkpo
 parameter and ``optimizer/step`` (int64 scalar, the number of updates made). Keras slot names
 are shortened for Adam-style optimizers (``momentum`` -> ``m``, ``velocity`` -> ``v``,
 ``velocity_hat`` -> ``v_hat``); other Keras slots keep their Keras names. On the JAX side,
-:func:`keras_adam` is an Optax transformation that computes Keras 3's Adam exactly (float32, the
-same operations in the same order), with :func:`adam_state_to_dict` /
-:func:`dict_to_adam_state` to move its state; so a model continues training across frameworks
-with the same optimizer.
+``keras_adam`` (:mod:`dualemb.jax.keras_optax`, re-exported here) is an Optax transformation
+that computes Keras 3's Adam exactly (float32, the same operations in the same order), with
+:func:`adam_state_to_dict` / :func:`dict_to_adam_state` to move its state; so a model continues
+training across frameworks with the same optimizer.
 
 Functions that need Keras, JAX or Flax import them when called: importing this module imports
-only numpy.
+only numpy (``keras_adam`` and ``KerasAdamState`` are loaded on first access).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,6 +60,16 @@ __all__ = [
 
 OPTIMIZER_PREFIX = "optimizer/"
 STEP = "optimizer/step"
+
+
+def __getattr__(name):
+    # The optimizer itself lives with the JAX optimizers; loaded on first use so that importing
+    # this module stays numpy-only.
+    if name in ("keras_adam", "KerasAdamState"):
+        from dualemb.jax import keras_optax
+        return getattr(keras_optax, name)
+    raise AttributeError(f"module 'dualemb.interop' has no attribute {name!r}")
+
 
 # Keras leaf name -> Flax leaf name, per Keras layer class name.
 _LEAF_RENAMES = {
@@ -92,30 +101,18 @@ def _rename(name_map: NameMap, name: str) -> str | None:
 # ---- flat dicts --------------------------------------------------------------------------------
 
 def flatten(tree: Mapping, sep: str = "/") -> dict:
-    """``{"fc0": {"kernel": a}}`` -> ``{"fc0/kernel": a}`` (leaves are anything not a Mapping)."""
-    out: dict = {}
-
-    def walk(prefix, node):
-        if isinstance(node, Mapping):
-            for k, v in node.items():
-                walk(f"{prefix}{sep}{k}" if prefix else str(k), v)
-        else:
-            out[prefix] = node
-
-    walk("", tree)
-    return out
+    """``{"fc0": {"kernel": a}}`` -> ``{"fc0/kernel": a}`` (``flax.traverse_util.flatten_dict``;
+    nested dicts are nodes, anything else a leaf, empty dicts dropped; keys that are not
+    strings, such as the list indices of ``nnx.to_pure_dict``, are written with ``str``)."""
+    from flax import traverse_util
+    return {sep.join(str(k) for k in path): v
+            for path, v in traverse_util.flatten_dict(dict(tree)).items()}
 
 
 def unflatten(flat: Mapping, sep: str = "/") -> dict:
-    """Inverse of :func:`flatten`."""
-    out: dict = {}
-    for name, value in flat.items():
-        node = out
-        parts = name.split(sep)
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-        node[parts[-1]] = value
-    return out
+    """Inverse of :func:`flatten` (``flax.traverse_util.unflatten_dict``)."""
+    from flax import traverse_util
+    return traverse_util.unflatten_dict(dict(flat), sep=sep)
 
 
 # ---- Keras -------------------------------------------------------------------------------------
@@ -411,96 +408,9 @@ def dict_to_flax(template, params: Mapping, *, name_map: NameMap = None, strict:
     return state
 
 
-# ---- Keras 3's Adam as an Optax transformation --------------------------------------------------
+# ---- the state of dualemb.jax.keras_optax.keras_adam, by name -----------------------------------
 
-class KerasAdamState(NamedTuple):
-    """State of :func:`keras_adam`: ``count`` (int32, updates made, Keras' ``iterations``) and the
-    moments ``m``, ``v`` (pytrees like the parameters; Keras' ``momentum`` and ``velocity``)."""
-
-    count: Any
-    m: Any
-    v: Any
-
-
-def keras_adam(learning_rate=0.001, beta_1: float = 0.9, beta_2: float = 0.999,
-               epsilon: float = 1e-7, *, exact: bool = True):
-    """``keras.optimizers.Adam`` (Keras 3, ``amsgrad=False``) as an Optax transformation.
-
-    Per update, with ``t = count + 1`` (float32) and ``lr`` the learning rate (a number, or an
-    Optax schedule called with ``count``)::
-
-        alpha = lr * sqrt(1 - beta_2**t) / (1 - beta_1**t)
-        m += (g - m) * (1 - beta_1)
-        v += (g*g - v) * (1 - beta_2)
-        update = -(m * alpha) / (sqrt(v) + epsilon)         # optax.apply_updates adds it
-
-    These are Keras' float32 operations in Keras' order. Keras (on TensorFlow) runs each of them
-    as a separate kernel, while XLA fuses them into one loop and contracts ``m + x * c`` into a
-    fused multiply-add, which rounds once instead of twice. With ``exact=True`` (the default) the
-    per-element arithmetic therefore runs on the host in numpy (``jax.pure_callback``, also
-    under ``jit``), and a parameter trained with this and ``optax.apply_updates`` follows Keras'
-    float32 path bit for bit (tests/test_interop.py checks it over hundreds of steps). With
-    ``exact=False`` it runs in XLA: faster on accelerators, equal to Keras within a few float32
-    ulps per step. Note Keras' ``epsilon`` (1e-7, added to ``sqrt(v)`` without bias
-    correction) differs from ``optax.adam``'s ``eps``.
-    """
-    import jax
-    import jax.numpy as jnp
-    import optax
-
-    omb1 = 1.0 - beta_1  # Keras computes these in Python, then casts to float32
-    omb2 = 1.0 - beta_2
-
-    def init(params):
-        zeros = lambda p: jnp.zeros(jnp.shape(p), jnp.float32)  # noqa: E731
-        return KerasAdamState(jnp.zeros((), jnp.int32), jax.tree_util.tree_map(zeros, params),
-                              jax.tree_util.tree_map(zeros, params))
-
-    def host_math(alpha, gs, ms, vs):
-        f32 = np.float32
-        alpha = f32(alpha)
-        out_u, out_m, out_v = [], [], []
-        for g, m, v in zip(gs, ms, vs):
-            g = np.asarray(g, f32)
-            m = np.asarray(m, f32) + (g - np.asarray(m, f32)) * f32(omb1)
-            v = np.asarray(v, f32) + (np.square(g) - np.asarray(v, f32)) * f32(omb2)
-            out_u.append(-((m * alpha) / (np.sqrt(v) + f32(epsilon))))
-            out_m.append(m)
-            out_v.append(v)
-        return out_u, out_m, out_v
-
-    def device_math(alpha, gs, ms, vs):
-        f32 = jnp.float32
-        ms = [m + (g.astype(f32) - m) * f32(omb1) for g, m in zip(gs, ms)]
-        vs = [v + (jnp.square(g.astype(f32)) - v) * f32(omb2) for g, v in zip(gs, vs)]
-        us = [-((m * alpha) / (jnp.sqrt(v) + f32(epsilon))) for m, v in zip(ms, vs)]
-        return us, ms, vs
-
-    def update(grads, state, params=None):
-        del params
-        f32 = jnp.float32
-        lr = learning_rate(state.count) if callable(learning_rate) else learning_rate
-        lr = jnp.asarray(lr, f32)
-        local_step = (state.count + 1).astype(f32)
-        b1p = jnp.power(f32(beta_1), local_step)
-        b2p = jnp.power(f32(beta_2), local_step)
-        alpha = lr * jnp.sqrt(f32(1) - b2p) / (f32(1) - b1p)
-        gs, treedef = jax.tree_util.tree_flatten(grads)
-        ms = treedef.flatten_up_to(state.m)
-        vs = treedef.flatten_up_to(state.v)
-        if exact:
-            shapes = [jax.ShapeDtypeStruct(jnp.shape(m), jnp.float32) for m in ms]
-            us, ms, vs = jax.pure_callback(host_math, (shapes, shapes, shapes), alpha, gs, ms,
-                                           vs, vmap_method="sequential")
-        else:
-            us, ms, vs = device_math(alpha, gs, ms, vs)
-        unflat = lambda xs: jax.tree_util.tree_unflatten(treedef, list(xs))  # noqa: E731
-        return unflat(us), KerasAdamState(state.count + 1, unflat(ms), unflat(vs))
-
-    return optax.GradientTransformation(init, update)
-
-
-def adam_state_to_dict(state: KerasAdamState, *, name_map: NameMap = None) -> dict:
+def adam_state_to_dict(state, *, name_map: NameMap = None) -> dict:
     """``{"optimizer/<name>/m": ..., "optimizer/<name>/v": ..., "optimizer/step": int64}`` of a
     :func:`keras_adam` state whose moments are nested dicts or ``nnx.State``."""
     out = {}
@@ -511,7 +421,7 @@ def adam_state_to_dict(state: KerasAdamState, *, name_map: NameMap = None) -> di
     return out
 
 
-def dict_to_adam_state(params: Mapping, template, *, name_map: NameMap = None) -> KerasAdamState:
+def dict_to_adam_state(params: Mapping, template, *, name_map: NameMap = None):
     """A :func:`keras_adam` state from a dict written by :func:`keras_optimizer_to_dict` (Keras'
     Adam) or :func:`adam_state_to_dict`; ``template`` is the parameters whose structure the
     moments take: a nested dict (moments are nested dicts), an ``nnx.State`` or an
@@ -537,5 +447,6 @@ def dict_to_adam_state(params: Mapping, template, *, name_map: NameMap = None) -
         moments.append(dict_to_flax(template, sub, name_map=name_map))
     if STEP not in params:
         raise KeyError(f"{STEP!r} missing from the dict")
+    from dualemb.jax.keras_optax import KerasAdamState
     count = jnp.asarray(int(np.asarray(params[STEP])), jnp.int32)
     return KerasAdamState(count, moments[0], moments[1])

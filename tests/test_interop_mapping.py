@@ -182,3 +182,32 @@ def test_optimizer_slots_of_skipped_weights_are_not_lost_silently():
         interop.keras_weights_to_dict(k, optimizer=opt, name_map=skip_out)
     d = interop.keras_weights_to_dict(k, optimizer=opt, name_map=skip_out, strict=False)
     assert not any("out/" in n for n in d)
+
+
+def test_interop_imports_neither_tf_nor_jax_and_keras_adam_lives_with_the_jax_optimizers():
+    """interop is name mapping: importing it loads no framework; keras_adam (an Optax
+    transformation) lives in dualemb.jax.keras_optax and is re-exported under its documented
+    name."""
+    import subprocess
+    import sys
+    code = ("import sys, dualemb.interop as i\n"
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'jax', 'flax', 'optax', 'tensorflow', 'keras'})\n"
+            "assert not heavy, heavy\n"
+            "from dualemb.jax import keras_optax\n"
+            "assert i.keras_adam is keras_optax.keras_adam\n"
+            "assert i.KerasAdamState is keras_optax.KerasAdamState\n"
+            "assert 'tensorflow' not in sys.modules\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=300)
+
+
+def test_flatten_matches_flax_traverse_util():
+    from flax import traverse_util
+    tree = {"fc0": {"kernel": 1, "bias": 2}, "layers": {0: {"w": 3}, 1: {"w": 4}}, "empty": {}}
+    flat = interop.flatten(tree)
+    assert flat == {"fc0/kernel": 1, "fc0/bias": 2, "layers/0/w": 3, "layers/1/w": 4}
+    assert flat == {"/".join(map(str, k)): v
+                    for k, v in traverse_util.flatten_dict(tree).items()}
+    assert interop.unflatten(flat) == {"fc0": {"kernel": 1, "bias": 2},
+                                       "layers": {"0": {"w": 3}, "1": {"w": 4}}}
+    assert interop.flatten({"a": {"b": 1}}, sep=".") == {"a.b": 1}

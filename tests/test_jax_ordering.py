@@ -44,8 +44,8 @@ def test_hazard_insert_then_lookup_reproduced_with_stale_token(ids):
 
         @jax.jit
         def f(t, ids):
-            _ffi.insert_or_assign(t.id, t.version, ids.halves, jnp.ones((N, D)))
-            rows, _ = _ffi.find(t.id, D, t.version, ids.halves, (N,))  # stale token
+            _ffi.insert_or_assign(t.handle, t.version, ids.halves, jnp.ones((N, D)))
+            rows, _ = _ffi.find(t.handle, D, t.version, ids.halves, (N,))  # stale token
             return rows
 
         stale += int(np.asarray(f(t, ids)).sum() == 0)
@@ -76,8 +76,8 @@ def test_hazard_two_writes_reordered_with_stale_token(ids, x):
         @jax.jit
         def f(t, ids, x):
             first = _slow(x)[:N, :D] * 0 + 1.0
-            v1 = _ffi.insert_or_assign(t.id, t.version, ids.halves, first)
-            v2 = _ffi.insert_or_assign(t.id, t.version, ids.halves, jnp.full((N, D), 2.0))
+            v1 = _ffi.insert_or_assign(t.handle, t.version, ids.halves, first)
+            v2 = _ffi.insert_or_assign(t.handle, t.version, ids.halves, jnp.full((N, D), 2.0))
             return v1, v2
 
         jax.block_until_ready(f(t, ids, x))

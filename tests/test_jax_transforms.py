@@ -53,18 +53,69 @@ def test_grad_gives_per_row_grads_and_duplicates_sum_like_dense():
 
 
 def test_grad_through_a_function_that_takes_the_table():
-    """A table inside a differentiated pytree is fine: lookup's custom_vjp gives it no
-    cotangent, and the rows' gradient flows to the other parameters."""
+    """A table inside the pytree given to plain jax.grad (no allow_int) is fine: it gets zero
+    cotangents, and the rows' gradient flows to the other parameters. Regression: the table's
+    int32 leaves made jax.grad raise."""
     t = _table()
     ids = dej.ids(VOCAB[:3])
 
     def f(state):
         rows = dej.lookup(state["table"], ids)
-        return jnp.sum(rows * state["scale"])
+        found, _ = dej.find(state["table"], ids)  # any read of the table, not only lookup
+        return jnp.sum(rows * state["scale"]) + 0.0 * jnp.sum(found)
 
-    g = jax.jit(jax.grad(f, allow_int=True))({"table": t, "scale": jnp.float32(2.0)})
-    np.testing.assert_allclose(g["scale"], jnp.sum(dej.lookup(t, ids)), rtol=1e-6)
-    assert g["table"].version.dtype == jax.dtypes.float0
+    params = {"table": t, "scale": jnp.float32(2.0)}
+    for grad in (jax.grad(f), jax.jit(jax.grad(f))):
+        g = grad(params)
+        np.testing.assert_allclose(g["scale"], jnp.sum(dej.lookup(t, ids)), rtol=1e-6)
+        assert all(np.all(np.asarray(leaf) == 0)
+                   for leaf in jax.tree_util.tree_leaves(g["table"]))
+    # The usual update of the whole pytree leaves the table as it was, and usable.
+    new = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, g)
+    assert new["table"].id == t.id
+    np.testing.assert_array_equal(dej.lookup(new["table"], ids), dej.lookup(t, ids))
+    dej.destroy(t)
+
+
+def test_grad_with_a_generic_optimizer_table_in_the_pytree():
+    """The generic path's integer state (Optax's count) is a table leaf too: it must not make
+    jax.grad raise either."""
+    optax = pytest.importorskip("optax")
+    t = dej.create(DIM, optimizer=optax.adam(0.1))
+    ids = dej.ids(VOCAB[:3])
+    t = dej.apply_gradients(t, ids, np.ones((3, DIM), np.float32))
+    g = jax.grad(lambda s: jnp.sum(dej.lookup(s["t"], ids) * s["w"]))(
+        {"t": t, "w": jnp.float32(1.0)})
+    assert all(np.all(np.asarray(leaf) == 0) for leaf in jax.tree_util.tree_leaves(g["t"]))
+    assert int(t.opt_state[0]) == 1 and t.opt_state[0].dtype == jnp.int32  # Optax's count
+    dej.destroy(t)
+
+
+def test_weight_decay_on_a_pytree_holding_the_table_is_refused():
+    """An optimizer that changes zero-gradient leaves (weight decay) corrupts the table's
+    handle and step count: the next call refuses them instead of reading another table or
+    training with a wrong step."""
+    optax = pytest.importorskip("optax")
+    t = dej.apply_gradients(_table(), dej.ids(VOCAB[:3]), np.ones((3, DIM), np.float32))
+    params = {"table": t, "w": jnp.ones((DIM,))}
+    tx = optax.adamw(0.1, weight_decay=0.5)
+    grads = jax.tree_util.tree_map(jnp.zeros_like, params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    bad = optax.apply_updates(params, updates)["table"]
+    with pytest.raises(ValueError, match="corrupted table handle"):
+        dej.lookup(bad, VOCAB[:1])
+    with pytest.raises(Exception, match="corrupted table handle"):
+        jax.block_until_ready(jax.jit(dej.lookup)(bad, dej.ids(VOCAB[:1])))
+    # Only the step corrupted: apply_gradients refuses it, the table is unchanged.
+    before = np.asarray(dej.lookup(t, VOCAB[:3]))
+    bad_step = jax.tree_util.tree_unflatten(
+        jax.tree_util.tree_structure(t),
+        [leaf * 0.75 if i == 2 else leaf
+         for i, leaf in enumerate(jax.tree_util.tree_leaves(t))])
+    with pytest.raises(Exception, match="corrupted step count"):
+        jax.block_until_ready(jax.jit(dej.apply_gradients)(
+            bad_step, dej.ids(VOCAB[:3]), np.ones((3, DIM), np.float32)).version)
+    np.testing.assert_array_equal(dej.lookup(t, VOCAB[:3]), before)
     dej.destroy(t)
 
 

@@ -1,11 +1,17 @@
 // ffi_common.h — pieces every dualemb XLA FFI handler shares.
 //
 // Conventions of the handlers (see dualemb/jax/_ffi.py for the Python side):
-//  * The table is named by the static attribute `table_id` (int64).
-//  * The first operand is the table's version token (int32, any shape — vmap may add a batch
+//  * The first operand is the table's handle: float32[4], the table's 63-bit id in 16-bit
+//    chunks, low first, each an exact integer. It is a runtime operand, not an attribute, so one
+//    compiled program serves every table of the same shape (the id is data, not code). Floats
+//    rather than integers so that a table may sit in a pytree given to jax.grad (which refuses
+//    integer inputs); a chunk that is not an integer in range means something changed the
+//    handle (e.g. an optimizer's weight decay applied to a params tree holding the table), and
+//    is refused rather than read as another id.
+//  * The second operand is the table's version token (float32, any shape — vmap may add a batch
 //    axis; element 0 is read). Mutating handlers return the next version (every element set to
-//    version + 1). The token is how the Python side orders side-effecting calls: XLA keeps data
-//    dependences, not the program order of side effects.
+//    version + 1, modulo 2**24 so that it stays exact). The token is how the Python side orders
+//    side-effecting calls: XLA keeps data dependences, not the program order of side effects.
 //  * Keys arrive as int64, int32, or uint32 pairs [..., 2] (the (low, high) halves of int64 keys,
 //    used in JAX's default 32-bit mode, where int64 arrays do not exist). On little-endian
 //    machines a pair is the int64's memory, so pairs are read in place. Keys are converted to the
@@ -16,6 +22,7 @@
 #ifndef DUALEMB_JAX_FFI_COMMON_H_
 #define DUALEMB_JAX_FFI_COMMON_H_
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -46,17 +53,63 @@ inline ffi::Error GetDims(int64_t table_id, TableDims* out) {
   if (de_table_dims(table_id, &out->dim, &out->key_dtype, &out->num_slots) != 0)
     return ffi::Error::InvalidArgument(
         "dualemb: unknown table id " + std::to_string(table_id) +
-        " (not created or loaded in this process; create it or load its checkpoint first)");
+        " (destroyed, or not created or loaded in this process; create it or load its checkpoint "
+        "first)");
+  return ffi::Error::Success();
+}
+
+using Handle = ffi::Buffer<ffi::F32>;
+using Version = ffi::Buffer<ffi::F32>;
+using NextVersion = ffi::ResultBuffer<ffi::F32>;
+
+// Decodes `n` float chunks (16 bits each, low first) into an unsigned integer; false if a chunk
+// is not an exact integer in [0, 65535].
+inline bool DecodeChunks(const float* chunks, int n, uint64_t* out) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) {
+    const float c = chunks[i];
+    if (!(c >= 0.0f && c <= 65535.0f) || std::floor(c) != c) return false;
+    v |= static_cast<uint64_t>(c) << (16 * i);
+  }
+  *out = v;
+  return true;
+}
+
+// The table id a handle operand names. A handle holds exactly one table: under jax.vmap an
+// unbatched handle arrives as [1, 4]; a batch of several tables is refused (one call serves one
+// table).
+inline ffi::Error ReadTableId(Handle handle, int64_t* id) {
+  if (handle.element_count() != 4)
+    return ffi::Error::InvalidArgument(
+        "dualemb: a table handle is float32[4] naming one table, got " +
+        std::to_string(handle.element_count()) +
+        " values (vmapping over a batch of tables is not supported)");
+  uint64_t v = 0;
+  if (!DecodeChunks(handle.typed_data(), 4, &v) || (v >> 63) != 0)
+    return ffi::Error::InvalidArgument(
+        "dualemb: corrupted table handle (its values are not the 16-bit chunks of a table id): "
+        "something changed the table's leaves, e.g. an optimizer update or a dtype cast "
+        "applied to a pytree that holds the table; keep tables out of what optimizers update");
+  *id = static_cast<int64_t>(v);
   return ffi::Error::Success();
 }
 
 // Reads the version token (element 0; 0 for an empty buffer).
-inline int32_t ReadVersion(ffi::Buffer<ffi::S32> version) {
-  return version.element_count() ? version.typed_data()[0] : 0;
+inline float ReadVersion(Version version) {
+  return version.element_count() ? version.typed_data()[0] : 0.0f;
 }
 
-inline void WriteVersion(ffi::Result<ffi::Buffer<ffi::S32>> out, int32_t value) {
-  int32_t* p = out->typed_data();
+// The token after `v`: v + 1, wrapping at 2**24 (where float32 stops counting by ones). Only
+// the data dependence matters, not the value.
+inline float NextVersionValue(float v) {
+  const float next = v + 1.0f;
+  return next >= 16777216.0f || !(next >= 0.0f) ? 0.0f : next;
+}
+
+// Writes the token after `version` into every element of `out`.
+inline void WriteVersion(NextVersion out, float version) {
+  const float value = NextVersionValue(version);
+  float* p = out->typed_data();
   const size_t n = out->element_count();
   for (size_t i = 0; i < n; ++i) p[i] = value;
 }
@@ -119,10 +172,12 @@ inline ffi::Error DecodeKeys(ffi::AnyBuffer keys, int32_t table_key_dtype, Keys*
   return ffi::Error::Success();
 }
 
-// Looks the table up and decodes its keys; checks that `rows` (if >= 0) holds n * dim floats.
-inline ffi::Error Prepare(int64_t table_id, ffi::AnyBuffer keys, TableDims* dims, Keys* k,
-                          int64_t rows_count, const char* rows_name) {
-  if (auto e = GetDims(table_id, dims); e.failure()) return e;
+// Reads the handle's id, looks the table up and decodes its keys; checks that `rows` (if >= 0)
+// holds n * dim floats.
+inline ffi::Error Prepare(Handle handle, ffi::AnyBuffer keys, int64_t* table_id, TableDims* dims,
+                          Keys* k, int64_t rows_count, const char* rows_name) {
+  if (auto e = ReadTableId(handle, table_id); e.failure()) return e;
+  if (auto e = GetDims(*table_id, dims); e.failure()) return e;
   if (auto e = DecodeKeys(keys, dims->key_dtype, k); e.failure()) return e;
   if (rows_count >= 0 && rows_count != k->n * dims->dim)
     return ffi::Error::InvalidArgument(

@@ -11,16 +11,16 @@
 namespace dualemb_jax {
 namespace {
 
-using NextVersionR0 = ffi::ResultBuffer<ffi::S32>;
-
 // find: rows of `keys` and whether each exists (unless `exists` is empty); missing keys read as
 // their initializer row and are not inserted (TFRA's find).
-ffi::Error FindImpl(int64_t table_id, ffi::Buffer<ffi::S32> version, ffi::AnyBuffer keys,
+ffi::Error FindImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                     ffi::ResultBuffer<ffi::F32> values, ffi::ResultBuffer<ffi::PRED> exists) {
   (void)ReadVersion(version);
+  int64_t table_id = 0;
   TableDims dims;
   Keys k;
-  if (auto e = Prepare(table_id, keys, &dims, &k, values->element_count(), "rows"); e.failure())
+  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, values->element_count(), "rows");
+      e.failure())
     return e;
   // An empty `exists` result means the caller does not want it (lookup).
   const bool want_exists = exists->element_count() != 0;
@@ -33,9 +33,10 @@ ffi::Error FindImpl(int64_t table_id, ffi::Buffer<ffi::S32> version, ffi::AnyBuf
 }
 
 // size: number of keys, as int64 or (in JAX's 32-bit mode) int32 saturated at 2**31-1.
-ffi::Error SizeImpl(int64_t table_id, ffi::Buffer<ffi::S32> version,
-                    ffi::Result<ffi::AnyBuffer> out) {
+ffi::Error SizeImpl(Handle handle, Version version, ffi::Result<ffi::AnyBuffer> out) {
   (void)ReadVersion(version);
+  int64_t table_id = 0;
+  if (auto e = ReadTableId(handle, &table_id); e.failure()) return e;
   int64_t n = 0;
   if (de_size(table_id, &n) != 0) return CoreError("size");
   if (out->element_type() == ffi::DataType::S64) {
@@ -52,11 +53,12 @@ ffi::Error SizeImpl(int64_t table_id, ffi::Buffer<ffi::S32> version,
 // export: rows [offset, offset + limit) of the table's iteration order (limit = the static
 // length of the outputs); `count` receives how many were written (the rest is zero-filled).
 // Keys come out as int64, int32 or uint32 pairs, whichever the `keys` result is.
-ffi::Error ExportImpl(int64_t table_id, ffi::Buffer<ffi::S32> version,
-                      ffi::Buffer<ffi::S32> offset, ffi::Result<ffi::AnyBuffer> keys,
-                      ffi::ResultBuffer<ffi::F32> values, ffi::ResultBuffer<ffi::F32> slots,
-                      ffi::ResultBuffer<ffi::S32> count) {
+ffi::Error ExportImpl(Handle handle, Version version, ffi::Buffer<ffi::S32> offset,
+                      ffi::Result<ffi::AnyBuffer> keys, ffi::ResultBuffer<ffi::F32> values,
+                      ffi::ResultBuffer<ffi::F32> slots, ffi::ResultBuffer<ffi::S32> count) {
   (void)ReadVersion(version);
+  int64_t table_id = 0;
+  if (auto e = ReadTableId(handle, &table_id); e.failure()) return e;
   TableDims dims;
   if (auto e = GetDims(table_id, &dims); e.failure()) return e;
   const int64_t limit = CountKeys(*keys);
@@ -105,7 +107,7 @@ ffi::Error ExportImpl(int64_t table_id, ffi::Buffer<ffi::S32> version,
 // computed. XLA cannot see through a custom call, so a write given this token is ordered after
 // the reads that produced those operands (an optimization barrier does not do this on CPU: XLA
 // removes it).
-ffi::Error AfterImpl(ffi::Buffer<ffi::S32> version, ffi::RemainingArgs, NextVersionR0 out) {
+ffi::Error AfterImpl(Version version, ffi::RemainingArgs, NextVersion out) {
   *out->typed_data() = ReadVersion(version);
   return ffi::Error::Success();
 }
@@ -117,22 +119,22 @@ using namespace dualemb_jax;  // NOLINT
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find, FindImpl,
                               ffi::Ffi::Bind()
-                                  .Attr<int64_t>("table_id")
-                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<Handle>()
+                                  .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::PRED>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_size, SizeImpl,
                               ffi::Ffi::Bind()
-                                  .Attr<int64_t>("table_id")
-                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<Handle>()
+                                  .Arg<Version>()
                                   .Ret<ffi::AnyBuffer>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_export, ExportImpl,
                               ffi::Ffi::Bind()
-                                  .Attr<int64_t>("table_id")
-                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<Handle>()
+                                  .Arg<Version>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
@@ -141,6 +143,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_export, ExportImpl,
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_after, AfterImpl,
                               ffi::Ffi::Bind()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<Version>()
                                   .RemainingArgs()
-                                  .Ret<ffi::Buffer<ffi::S32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>());

@@ -9,28 +9,35 @@
 namespace dualemb_jax {
 namespace {
 
-using Version = ffi::Buffer<ffi::S32>;
-using NextVersion = ffi::ResultBuffer<ffi::S32>;
-
 // apply_gradients: one fused optimizer step (duplicates' gradients summed, missing keys
-// inserted first). lr (float32) and step (1-based, int32) are operands so schedules work.
-ffi::Error ApplyGradientsImpl(int64_t table_id, Version version, ffi::AnyBuffer keys,
+// inserted first). lr (float32) and the table's step count are operands so schedules work. The
+// count arrives as the table pytree carries it: the int32 count in 16-bit float chunks (see
+// dualemb/jax/table.py); the core gets the 1-based step count + 1. A count whose chunks are
+// not exact integers (changed by something that treated them as parameters) is refused: it
+// would otherwise give a silently wrong bias correction or schedule.
+ffi::Error ApplyGradientsImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                               ffi::Buffer<ffi::F32> grads, ffi::Buffer<ffi::F32> lr,
-                              ffi::Buffer<ffi::S32> step, NextVersion next) {
-  const int32_t v = ReadVersion(version);
+                              ffi::Buffer<ffi::F32> step_code, NextVersion next) {
+  const float v = ReadVersion(version);
+  int64_t table_id = 0;
   TableDims dims;
   Keys k;
-  if (auto e = Prepare(table_id, keys, &dims, &k, grads.element_count(), "gradients");
+  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, grads.element_count(), "gradients");
       e.failure())
     return e;
-  if (lr.element_count() < 1 || step.element_count() < 1)
-    return ffi::Error::InvalidArgument("dualemb apply_gradients: lr and step must be scalars");
-  if (dims.num_slots < 0) return ffi::Error::InvalidArgument("dualemb: bad table");
+  if (lr.element_count() != 1 || step_code.element_count() != 2)
+    return ffi::Error::InvalidArgument(
+        "dualemb apply_gradients: lr must be a scalar and the step count float32[2]");
+  uint64_t count = 0;
+  if (!DecodeChunks(step_code.typed_data(), 2, &count) || count > 0x7FFFFFFEu)
+    return ffi::Error::InvalidArgument(
+        "dualemb apply_gradients: corrupted step count (the table's step leaf is not the "
+        "16-bit chunks of a count): something changed the table's leaves, e.g. an optimizer "
+        "update applied to a pytree that holds the table");
   if (de_apply_gradients(table_id, dims.key_dtype, k.data, k.n, grads.typed_data(),
-                         lr.typed_data()[0], static_cast<int64_t>(step.typed_data()[0]),
-                         nullptr) != 0)
+                         lr.typed_data()[0], static_cast<int64_t>(count) + 1, nullptr) != 0)
     return CoreError("apply_gradients");
-  WriteVersion(next, v + 1);
+  WriteVersion(next, v);
   return ffi::Error::Success();
 }
 
@@ -77,13 +84,13 @@ using namespace dualemb_jax;  // NOLINT
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_apply_gradients, ApplyGradientsImpl,
                               ffi::Ffi::Bind()
-                                  .Attr<int64_t>("table_id")
+                                  .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>());
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_unique, UniqueImpl,
                               ffi::Ffi::Bind()

@@ -9,51 +9,51 @@
 namespace dualemb_jax {
 namespace {
 
-using Version = ffi::Buffer<ffi::S32>;
-using NextVersion = ffi::ResultBuffer<ffi::S32>;
-
 // find_or_insert: like find, but missing keys are inserted with their initializer row.
-ffi::Error FindOrInsertImpl(int64_t table_id, Version version, ffi::AnyBuffer keys,
+ffi::Error FindOrInsertImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                             NextVersion next, ffi::ResultBuffer<ffi::F32> values,
                             ffi::ResultBuffer<ffi::PRED> exists) {
-  const int32_t v = ReadVersion(version);
+  const float v = ReadVersion(version);
+  int64_t table_id = 0;
   TableDims dims;
   Keys k;
-  if (auto e = Prepare(table_id, keys, &dims, &k, values->element_count(), "rows"); e.failure())
+  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, values->element_count(), "rows"); e.failure())
     return e;
   if (static_cast<int64_t>(exists->element_count()) != k.n)
     return ffi::Error::InvalidArgument("dualemb find_or_insert: exists needs one entry per key");
   if (de_find_or_insert(table_id, dims.key_dtype, k.data, k.n, values->typed_data(),
                         reinterpret_cast<uint8_t*>(exists->typed_data()), nullptr) != 0)
     return CoreError("find_or_insert");
-  WriteVersion(next, v + 1);
+  WriteVersion(next, v);
   return ffi::Error::Success();
 }
 
 // insert_or_assign: writes rows (the last of duplicate keys wins).
-ffi::Error InsertImpl(int64_t table_id, Version version, ffi::AnyBuffer keys,
+ffi::Error InsertImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                       ffi::Buffer<ffi::F32> values, NextVersion next) {
-  const int32_t v = ReadVersion(version);
+  const float v = ReadVersion(version);
+  int64_t table_id = 0;
   TableDims dims;
   Keys k;
-  if (auto e = Prepare(table_id, keys, &dims, &k, values.element_count(), "rows"); e.failure())
+  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, values.element_count(), "rows"); e.failure())
     return e;
   if (de_insert_or_assign(table_id, dims.key_dtype, k.data, k.n, values.typed_data(), nullptr) !=
       0)
     return CoreError("insert_or_assign");
-  WriteVersion(next, v + 1);
+  WriteVersion(next, v);
   return ffi::Error::Success();
 }
 
 // insert_or_assign of the rows whose mask entry is true (the others are not touched). Used to
 // write back padded batches (e.g. the unique keys of a batch, padded to a static length).
-ffi::Error InsertMaskedImpl(int64_t table_id, Version version, ffi::AnyBuffer keys,
+ffi::Error InsertMaskedImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                             ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::PRED> mask,
                             NextVersion next) {
-  const int32_t v = ReadVersion(version);
+  const float v = ReadVersion(version);
+  int64_t table_id = 0;
   TableDims dims;
   Keys k;
-  if (auto e = Prepare(table_id, keys, &dims, &k, values.element_count(), "rows"); e.failure())
+  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, values.element_count(), "rows"); e.failure())
     return e;
   if (static_cast<int64_t>(mask.element_count()) != k.n)
     return ffi::Error::InvalidArgument("dualemb insert: mask needs one entry per key");
@@ -73,36 +73,38 @@ ffi::Error InsertMaskedImpl(int64_t table_id, Version version, ffi::AnyBuffer ke
   if (out > 0 && de_insert_or_assign(table_id, dims.key_dtype, kbuf.data(), out, vbuf.data(),
                                      nullptr) != 0)
     return CoreError("insert_or_assign");
-  WriteVersion(next, v + 1);
+  WriteVersion(next, v);
   return ffi::Error::Success();
 }
 
 // accum (TFRA's rule): absent && !exists -> insert delta; present && exists -> row += delta.
-ffi::Error AccumImpl(int64_t table_id, Version version, ffi::AnyBuffer keys,
+ffi::Error AccumImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                      ffi::Buffer<ffi::F32> deltas, ffi::Buffer<ffi::PRED> exists,
                      NextVersion next) {
-  const int32_t v = ReadVersion(version);
+  const float v = ReadVersion(version);
+  int64_t table_id = 0;
   TableDims dims;
   Keys k;
-  if (auto e = Prepare(table_id, keys, &dims, &k, deltas.element_count(), "deltas"); e.failure())
+  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, deltas.element_count(), "deltas"); e.failure())
     return e;
   if (static_cast<int64_t>(exists.element_count()) != k.n)
     return ffi::Error::InvalidArgument("dualemb accum: exists needs one entry per key");
   if (de_accum(table_id, dims.key_dtype, k.data, k.n, deltas.typed_data(),
                reinterpret_cast<const uint8_t*>(exists.typed_data()), nullptr) != 0)
     return CoreError("accum");
-  WriteVersion(next, v + 1);
+  WriteVersion(next, v);
   return ffi::Error::Success();
 }
 
 // erase: removes keys (with their slots); absent keys are ignored.
-ffi::Error EraseImpl(int64_t table_id, Version version, ffi::AnyBuffer keys, NextVersion next) {
-  const int32_t v = ReadVersion(version);
+ffi::Error EraseImpl(Handle handle, Version version, ffi::AnyBuffer keys, NextVersion next) {
+  const float v = ReadVersion(version);
+  int64_t table_id = 0;
   TableDims dims;
   Keys k;
-  if (auto e = Prepare(table_id, keys, &dims, &k, -1, ""); e.failure()) return e;
+  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, -1, ""); e.failure()) return e;
   if (de_erase(table_id, dims.key_dtype, k.data, k.n) != 0) return CoreError("erase");
-  WriteVersion(next, v + 1);
+  WriteVersion(next, v);
   return ffi::Error::Success();
 }
 
@@ -113,42 +115,42 @@ using namespace dualemb_jax;  // NOLINT
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find_or_insert, FindOrInsertImpl,
                               ffi::Ffi::Bind()
-                                  .Attr<int64_t>("table_id")
+                                  .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::PRED>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_insert_or_assign, InsertImpl,
                               ffi::Ffi::Bind()
-                                  .Attr<int64_t>("table_id")
+                                  .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_insert_masked, InsertMaskedImpl,
                               ffi::Ffi::Bind()
-                                  .Attr<int64_t>("table_id")
+                                  .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_accum, AccumImpl,
                               ffi::Ffi::Bind()
-                                  .Attr<int64_t>("table_id")
+                                  .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Ret<ffi::Buffer<ffi::S32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_erase, EraseImpl,
                               ffi::Ffi::Bind()
-                                  .Attr<int64_t>("table_id")
+                                  .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::S32>>());
+                                  .Ret<ffi::Buffer<ffi::F32>>());

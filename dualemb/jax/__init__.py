@@ -1,8 +1,9 @@
 """dualemb.jax: dynamic embedding tables for JAX — a functional API over XLA FFI custom calls.
 
-A table is a small pytree (:class:`Table`: static id, dim, key dtype and optimizer; a version
-token and a step count). Reads return values; writes return the next table, and passing that
-table on is what orders the side-effecting calls::
+A table is a small pytree (:class:`Table`: static dim, key dtype and optimizer; float32 leaves
+for its id, a version token and a step count). The id is a runtime operand, so one compiled step
+serves every table of the same kind (docs/jax.md). Reads return values; writes return the next
+table, and passing that table on is what orders the side-effecting calls::
 
     import dualemb.jax as dej
     table = dej.create(dim=16, initializer=dej.initializers.normal(0.0, 0.01, seed=0),
@@ -18,7 +19,8 @@ table on is what orders the side-effecting calls::
 Works under ``jit``, ``grad``, ``vmap``, ``lax.scan``/``fori_loop`` and with several tables in
 one step. int64 ids in JAX's default 32-bit mode: see :mod:`dualemb.jax.ids`. Optimizers:
 :mod:`dualemb.jax.optimizers` (fused, Optax-named) or any Optax transformation
-(:mod:`dualemb.jax.generic`). Checkpoints: :func:`save` / :func:`load` (common format),
+(:mod:`dualemb.jax.generic`); Keras' Adam for dense parameters: :mod:`dualemb.jax.keras_optax`.
+Checkpoints: :func:`save` / :func:`load` (common format),
 :mod:`dualemb.jax.orbax` (CheckpointManager). Flax: :mod:`dualemb.jax.nnx`.
 Importing this module registers the FFI targets for the CPU platform.
 """
@@ -47,6 +49,6 @@ def __getattr__(name):
     import importlib
     if name in ("save", "load"):
         return getattr(importlib.import_module("dualemb.jax.checkpoint"), name)
-    if name in ("checkpoint", "nnx", "orbax", "generic"):
+    if name in ("checkpoint", "nnx", "orbax", "generic", "keras_optax"):
         return importlib.import_module(f"dualemb.jax.{name}")
     raise AttributeError(f"module 'dualemb.jax' has no attribute {name!r}")

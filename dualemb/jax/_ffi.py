@@ -6,9 +6,14 @@ the GPU table: add it to ``_PLATFORMS`` with the CUDA module's capsules).
 Wrappers only shape arguments; validation happens one level up (``dualemb.jax.ops``) so that bad
 input raises at trace time. Conventions (see ``csrc/jax/ffi_common.h``):
 
-* ``version`` is the table's int32 version token. Every call takes it; mutating calls
-  (``has_side_effect=True``) return ``version + 1``. Passing the token along is what orders the
+* ``handle`` is the table's id as float32[4] chunks (see ``dualemb.jax._chunks``): the first
+  operand of every table call, a runtime value, so compiled code does not depend on the table.
+* ``version`` is the table's float32 version token. Every call takes it; mutating calls
+  (``has_side_effect=True``) return the next one. Passing the token along is what orders the
   calls: XLA keeps side-effecting custom calls alive but not in program order.
+* Both go through ``stop_gradient``: they are identities, not differentiable inputs (a table
+  inside a pytree given to ``jax.grad`` gets zero cotangents instead of an error about a
+  missing differentiation rule).
 * ``keys`` is an int64 or int32 array, or uint32 pairs ``[..., 2]`` (int64 ids in 32-bit mode);
   ``shape`` is the ids' logical shape (without the pair axis).
 * ``vmap_method="expand_dims"``: under ``jax.vmap`` the whole batch goes to one call.
@@ -18,7 +23,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from dualemb._native import load_extension
 
@@ -43,69 +47,71 @@ def _sds(shape, dtype):
     return jax.ShapeDtypeStruct(tuple(shape), dtype)
 
 
-def _tid(table_id: int):
-    return np.int64(table_id)
+def _table(handle, version):
+    """The (handle, version) operands, cut off from differentiation."""
+    return jax.lax.stop_gradient(handle), jax.lax.stop_gradient(version)
 
 
-def find(table_id, dim, version, keys, shape, with_exists=True):
+def _next(version):
+    return _sds(jnp.shape(version), _f32)
+
+
+def find(handle, dim, version, keys, shape, with_exists=True):
     """(rows [shape + (dim,)], exists [shape]) — reads only. Without ``with_exists`` the
     second result is empty (one output fewer to fill)."""
     return jax.ffi.ffi_call(
         "dualemb_find",
         (_sds(shape + (dim,), _f32), _sds(shape if with_exists else (0,), jnp.bool_)),
-        vmap_method=_VMAP)(version, keys, table_id=_tid(table_id))
+        vmap_method=_VMAP)(*_table(handle, version), keys)
 
 
-def find_or_insert(table_id, dim, version, keys, shape):
+def find_or_insert(handle, dim, version, keys, shape):
     """(next version, rows, exists); missing keys are inserted with their initializer row."""
     return jax.ffi.ffi_call(
         "dualemb_find_or_insert",
-        (_sds(jnp.shape(version), _i32), _sds(shape + (dim,), _f32), _sds(shape, jnp.bool_)),
-        has_side_effect=True, vmap_method=_VMAP)(version, keys, table_id=_tid(table_id))
+        (_next(version), _sds(shape + (dim,), _f32), _sds(shape, jnp.bool_)),
+        has_side_effect=True, vmap_method=_VMAP)(*_table(handle, version), keys)
 
 
-def insert_or_assign(table_id, version, keys, values, mask=None):
+def insert_or_assign(handle, version, keys, values, mask=None):
     """Next version; writes rows (where ``mask`` is true, if given)."""
-    out = _sds(jnp.shape(version), _i32)
     if mask is None:
-        return jax.ffi.ffi_call("dualemb_insert_or_assign", out, has_side_effect=True,
-                                vmap_method=_VMAP)(version, keys, values,
-                                                   table_id=_tid(table_id))
-    return jax.ffi.ffi_call("dualemb_insert_masked", out, has_side_effect=True,
-                            vmap_method=_VMAP)(version, keys, values, mask,
-                                               table_id=_tid(table_id))
+        return jax.ffi.ffi_call("dualemb_insert_or_assign", _next(version),
+                                has_side_effect=True, vmap_method=_VMAP)(
+            *_table(handle, version), keys, values)
+    return jax.ffi.ffi_call("dualemb_insert_masked", _next(version), has_side_effect=True,
+                            vmap_method=_VMAP)(*_table(handle, version), keys, values, mask)
 
 
-def accum(table_id, version, keys, deltas, exists):
+def accum(handle, version, keys, deltas, exists):
     """Next version; TFRA's accum rule."""
-    return jax.ffi.ffi_call("dualemb_accum", _sds(jnp.shape(version), _i32),
-                            has_side_effect=True, vmap_method=_VMAP)(
-        version, keys, deltas, exists, table_id=_tid(table_id))
+    return jax.ffi.ffi_call("dualemb_accum", _next(version), has_side_effect=True,
+                            vmap_method=_VMAP)(*_table(handle, version), keys, deltas, exists)
 
 
-def erase(table_id, version, keys):
+def erase(handle, version, keys):
     """Next version; removes keys."""
-    return jax.ffi.ffi_call("dualemb_erase", _sds(jnp.shape(version), _i32),
-                            has_side_effect=True, vmap_method=_VMAP)(
-        version, keys, table_id=_tid(table_id))
+    return jax.ffi.ffi_call("dualemb_erase", _next(version), has_side_effect=True,
+                            vmap_method=_VMAP)(*_table(handle, version), keys)
 
 
-def apply_gradients(table_id, version, keys, grads, lr, step):
-    """Next version; one fused optimizer step with learning rate ``lr`` and 1-based ``step``."""
-    return jax.ffi.ffi_call("dualemb_apply_gradients", _sds(jnp.shape(version), _i32),
-                            has_side_effect=True, vmap_method=_VMAP)(
-        version, keys, grads, jnp.asarray(lr, _f32), jnp.asarray(step, _i32),
-        table_id=_tid(table_id))
+def apply_gradients(handle, version, keys, grads, lr, step_code):
+    """Next version; one fused optimizer step with learning rate ``lr`` (a float32 scalar)
+    after ``step_code`` updates (the table's step leaf: the core is given that count + 1)."""
+    return jax.ffi.ffi_call("dualemb_apply_gradients", _next(version), has_side_effect=True,
+                            vmap_method=_VMAP)(
+        *_table(handle, version), keys, grads, jnp.asarray(lr, _f32),
+        jax.lax.stop_gradient(step_code))
 
 
-def size(table_id, version):
+def size(handle, version):
     """Number of keys (int64 with jax_enable_x64, else int32 saturated at 2**31-1)."""
     dtype = jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
     return jax.ffi.ffi_call("dualemb_size", _sds((), dtype), vmap_method=_VMAP)(
-        version, table_id=_tid(table_id))
+        *_table(handle, version))
 
 
-def export(table_id, dim, num_slots, version, offset, limit, key_layout):
+def export(handle, dim, num_slots, version, offset, limit, key_layout):
     """(keys, values [limit, dim], slots [limit, num_slots, dim], count): a page of rows.
 
     ``key_layout`` is ``(shape, dtype)`` of the keys result: ``((limit,), int64|int32)`` or
@@ -115,13 +121,13 @@ def export(table_id, dim, num_slots, version, offset, limit, key_layout):
         "dualemb_export",
         (_sds(kshape, kdtype), _sds((limit, dim), _f32), _sds((limit, num_slots, dim), _f32),
          _sds((), _i32)),
-        vmap_method=_VMAP)(version, jnp.asarray(offset, _i32), table_id=_tid(table_id))
+        vmap_method=_VMAP)(*_table(handle, version), jnp.asarray(offset, _i32))
 
 
 def after(version, values):
     """``version``, returned by a custom call that also takes ``values`` (so it waits for them)."""
-    return jax.ffi.ffi_call("dualemb_after", _sds(jnp.shape(version), _i32),
-                            vmap_method=_VMAP)(version, *values)
+    return jax.ffi.ffi_call("dualemb_after", _next(version), vmap_method=_VMAP)(
+        jax.lax.stop_gradient(version), *[jax.lax.stop_gradient(v) for v in values])
 
 
 def unique(keys, n):

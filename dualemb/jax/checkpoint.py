@@ -59,7 +59,7 @@ def collect(tables) -> tuple[dict, dict, dict]:
         elif opt is not None:
             info["optimizer"] = "generic"
             info["state_tables"] = []
-            for i, tid in enumerate(t.slot_tables):
+            for i, tid in enumerate(t.slot_ids):
                 sname = _state_name(name, i)
                 core[sname] = CoreTable.attach(tid)
                 info["state_tables"].append(sname)
@@ -155,7 +155,7 @@ def load(path, name: str | None = None, *, optimizer=None, learning_rate=None,
         block(into)
         live = {name: CoreTable.attach(into.id)}
         if generic and len(into.slot_tables) == len(state_names):
-            live.update({s: CoreTable.attach(t) for s, t in zip(state_names, into.slot_tables)})
+            live.update({s: CoreTable.attach(t) for s, t in zip(state_names, into.slot_ids)})
         ck = _ckpt.load(path, live, names=[name] + state_names)
     else:
         ck = _ckpt.load(path, names=[name] + state_names)

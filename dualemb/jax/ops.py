@@ -1,7 +1,9 @@
 """The functional table operations. Reads return values; writes return the next table.
 
-Every function checks its arguments at trace time (dtype, shape, known table id) and raises a
-clear exception before anything reaches the core, so bad input leaves the table unchanged.
+Every function checks its arguments at trace time (dtype, shape, scalar arguments; outside
+``jit`` also that the table exists) and raises a clear exception before anything reaches the
+core, so bad input leaves the table unchanged. Inside ``jit`` the table's id is a runtime value:
+a call on a destroyed or unknown table fails when it runs, with an error naming the id.
 ``ids`` may have any shape; rows are ``ids.shape + (dim,)``. For what ids may be (int64 in
 32-bit mode, ...) see :mod:`dualemb.jax.ids`.
 
@@ -47,7 +49,7 @@ def _rows_arg(table: Table, values, shape, what: str):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _lookup(table: Table, keys, shape: tuple):
-    rows, _ = _ffi.find(table.id, table.dim, table.version, keys, shape, with_exists=False)
+    rows, _ = _ffi.find(table.handle, table.dim, table.version, keys, shape, with_exists=False)
     return rows
 
 
@@ -56,6 +58,8 @@ def _lookup_fwd(table, keys, shape):
 
 
 def _lookup_bwd(shape, _, g):
+    # The table and the ids get no cotangent (zeros: the table's leaves are float32, see
+    # dualemb.jax.table; the ids are integers).
     return None, None
 
 
@@ -69,7 +73,10 @@ def lookup(table: Table, ids) -> jax.Array:
     them when they are trained). Differentiable: a ``custom_vjp`` treats the rows as a leaf of
     the computation, so ``jax.grad`` taken with respect to the rows gives per-row gradients
     (one per position of ``ids``; ``apply_gradients`` sums those of duplicate ids). The table
-    itself gets no cotangent (``None``), so a table inside a differentiated pytree is fine.
+    itself gets zero cotangents, so a table inside a pytree given to ``jax.grad`` is fine (its
+    leaves are float32 for that reason; ``p - lr * g`` leaves it unchanged). The rows' own
+    gradient does not reach the table through ``jax.grad``: take it with respect to the rows
+    and pass it to :func:`~dualemb.jax.apply_gradients`.
     """
     keys, shape = _keys(table, ids)
     return _lookup(table, keys, tuple(shape))
@@ -78,13 +85,13 @@ def lookup(table: Table, ids) -> jax.Array:
 def find(table: Table, ids) -> tuple[jax.Array, jax.Array]:
     """(rows, exists): like :func:`lookup`, plus whether each id is in the table."""
     keys, shape = _keys(table, ids)
-    return _ffi.find(table.id, table.dim, table.version, keys, tuple(shape))
+    return _ffi.find(table.handle, table.dim, table.version, keys, tuple(shape))
 
 
 def size(table: Table) -> jax.Array:
     """Number of ids in the table (int32 in JAX's 32-bit mode, saturating at 2**31-1)."""
     check_exists(table)
-    return _ffi.size(table.id, table.version)
+    return _ffi.size(table.handle, table.version)
 
 
 def export(table: Table, limit: int, offset=0, *, with_slots: bool = False):
@@ -94,11 +101,14 @@ def export(table: Table, limit: int, offset=0, *, with_slots: bool = False):
     Returns ``(ids, values [limit, dim], count)`` — or with ``with_slots`` ``(ids, values,
     slots [limit, num_slots, dim], count)`` — where only the first ``count`` entries are
     valid (the rest are zeros). ``ids`` are int64 (x64), int32 (int32 tables), or an
-    :class:`~dualemb.jax.ids.Ids`. ``limit`` is static; ``offset`` may be traced.
+    :class:`~dualemb.jax.ids.Ids`. ``limit`` (a non-negative int) is static; ``offset`` (a
+    non-negative int below 2**31) may be traced, and a negative traced offset fails when the
+    call runs.
     """
     check_exists(table)
     from dualemb.jax.ids import Ids
-    limit = int(limit)
+    limit = _static_count("limit", limit)
+    offset = _offset(offset)
     if table.key_dtype == "int32":
         layout = ((limit,), jnp.int32)
     elif jax.config.jax_enable_x64:
@@ -106,16 +116,46 @@ def export(table: Table, limit: int, offset=0, *, with_slots: bool = False):
     else:
         layout = ((limit, 2), jnp.uint32)
     num_slots = _num_slots(table) if with_slots else 0
-    keys, values, slots, count = _ffi.export(table.id, table.dim, num_slots, table.version,
+    keys, values, slots, count = _ffi.export(table.handle, table.dim, num_slots, table.version,
                                              offset, limit, layout)
     if layout[1] == jnp.uint32:
         keys = Ids(keys)
     return (keys, values, slots, count) if with_slots else (keys, values, count)
 
 
+_INT32_MAX = 2**31 - 1
+
+
+def _static_count(name: str, value) -> int:
+    """A non-negative Python/numpy int argument below 2**31, or TypeError/ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be a non-negative int, got {value!r}")
+    if not 0 <= int(value) <= _INT32_MAX:
+        raise ValueError(f"{name} must be in [0, 2**31-1], got {value}")
+    return int(value)
+
+
+def _offset(offset):
+    """offset as an int32 operand: a checked Python/numpy int, or an integer JAX scalar."""
+    if isinstance(offset, (jax.Array, jax.core.Tracer)):
+        if not jnp.issubdtype(offset.dtype, jnp.integer) or jnp.ndim(offset) != 0:
+            raise TypeError(f"offset must be an integer scalar, got {offset.dtype}"
+                            f"{list(jnp.shape(offset))}")
+        if isinstance(offset, jax.core.Tracer):
+            return offset.astype(jnp.int32)  # checked by the handler (>= 0)
+        offset = int(offset)
+    return jnp.asarray(_static_count("offset", offset), jnp.int32)
+
+
 def _num_slots(table: Table) -> int:
-    from dualemb.core.table import Table as CoreTable
-    return CoreTable.attach(table.id).num_slots
+    """Slot rows per key: the core table's count outside jit; inside, the count the handle's
+    optimizer creates (the handler checks that it matches the table)."""
+    if not isinstance(table.handle, jax.core.Tracer):
+        from dualemb.core.table import Table as CoreTable
+        return CoreTable.attach(table.id).num_slots
+    from dualemb.jax import optimizers as _opts
+    opt = table.optimizer
+    return _opts.num_slots(opt) if isinstance(opt, _opts.Optimizer) else 0
 
 
 # ---- writes ---------------------------------------------------------------------------------
@@ -123,7 +163,7 @@ def _num_slots(table: Table) -> int:
 def find_or_insert(table: Table, ids) -> tuple[jax.Array, jax.Array, Table]:
     """(rows, exists, table): missing ids are inserted with their initializer row."""
     keys, shape = _keys(table, ids)
-    version, rows, exists = _ffi.find_or_insert(table.id, table.dim, table.version, keys,
+    version, rows, exists = _ffi.find_or_insert(table.handle, table.dim, table.version, keys,
                                                 tuple(shape))
     return rows, exists, table.replace(version=version)
 
@@ -133,7 +173,7 @@ def insert(table: Table, ids, rows) -> Table:
     Optimizer slots of new ids start at their initial values; existing ids keep theirs."""
     keys, shape = _keys(table, ids)
     values = _rows_arg(table, rows, shape, "rows")
-    return table.replace(version=_ffi.insert_or_assign(table.id, table.version, keys, values))
+    return table.replace(version=_ffi.insert_or_assign(table.handle, table.version, keys, values))
 
 
 def accum(table: Table, ids, deltas, exists) -> Table:
@@ -145,13 +185,13 @@ def accum(table: Table, ids, deltas, exists) -> Table:
     exists = jnp.asarray(exists)
     if exists.dtype != jnp.bool_ or tuple(exists.shape) != tuple(shape):
         raise ValueError(f"exists must be a bool array of shape {tuple(shape)}")
-    return table.replace(version=_ffi.accum(table.id, table.version, keys, values, exists))
+    return table.replace(version=_ffi.accum(table.handle, table.version, keys, values, exists))
 
 
 def erase(table: Table, ids) -> Table:
     """Removes ``ids`` (and their optimizer slots); absent ids are ignored."""
     keys, _ = _keys(table, ids)
-    table = table.replace(version=_ffi.erase(table.id, table.version, keys))
+    table = table.replace(version=_ffi.erase(table.handle, table.version, keys))
     for tid in table.slot_tables:  # the generic path's state rows go with them
         from dualemb.jax import generic
         table = generic.erase_state(table, tid, keys)

@@ -18,6 +18,7 @@ Differences from Optax: ``mask`` / ``weight_decay_mask`` and ``mu_dtype`` are no
 from __future__ import annotations
 
 import dataclasses
+import functools
 import numbers
 from typing import Any, Callable, Union
 
@@ -172,6 +173,21 @@ def ftrl(learning_rate: ScalarOrSchedule, learning_rate_power: float = -0.5,
                  l2_regularization_strength=l2_regularization_strength,
                  l2_shrinkage_regularization_strength=l2_shrinkage_regularization_strength,
                  beta=beta)
+
+
+def num_slots(optimizer: Optimizer) -> int:
+    """How many slot rows per key the core keeps for ``optimizer``."""
+    return _num_slots(optimizer.name, optimizer.flavor, optimizer.hyper)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_slots(name: str, flavor: str, hyper: tuple) -> int:
+    from dualemb.core.table import Table as CoreTable
+    scratch = CoreTable(1, optimizer={"name": name, "flavor": flavor, **dict(hyper)})
+    try:
+        return scratch.num_slots
+    finally:
+        scratch.destroy()
 
 
 def from_optax(tx) -> "Any":

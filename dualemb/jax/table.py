@@ -1,26 +1,47 @@
 """Table: the JAX handle of a core table — a small pytree.
 
-Static (part of the treedef, so part of jit's cache key): the table id, ``dim``, key dtype and
-the optimizer. Leaves (traced under jit):
+Leaves (traced under jit, so one compiled function serves every table of the same kind):
 
-* ``version`` (int32 scalar): a token. Every operation takes it; every write returns a table with
-  the next version. This data dependence is what orders the side-effecting custom calls — XLA
-  keeps them alive but not in program order — so always use the table a write returned.
-* ``step`` (int32 scalar): how many optimizer updates ``apply_gradients`` has made (Optax's
-  ``count``). The schedule's learning rate and the 1-based step the core uses for bias
-  correction come from it. The core does not store it: it lives here, and checkpoints record it.
-* ``opt_state``: the generic Optax path's scalar state (e.g. ``count``), else ``None``.
+* ``handle`` (float32[4]): the table's id. Identity is a runtime operand of every FFI call, not
+  a compile-time constant: a step compiled for one table runs on another (a new one, or one
+  ``dualemb.jax.load`` made) without being traced or compiled again. :attr:`Table.id` reads it
+  back as a Python int outside ``jit``.
+* ``version`` (float32 scalar): a token. Every operation takes it; every write returns a table
+  with the next version. This data dependence is what orders the side-effecting custom calls —
+  XLA keeps them alive but not in program order — so always use the table a write returned.
+* ``step``: how many optimizer updates ``apply_gradients`` has made (Optax's ``count``; read it
+  as an int32 with :attr:`Table.step`). The schedule's learning rate and the 1-based step the
+  core uses for bias correction come from it. The core does not store it: it lives here, and
+  checkpoints record it.
+* ``opt_state``: the generic Optax path's scalar state (e.g. ``count``), else ``None``; and
+  ``slot_tables``, the handles of its companion state tables.
+
+Every leaf is float32 (integers are stored as exact 16-bit chunks, see
+:mod:`dualemb.jax._chunks`), so a table may sit in a pytree given to ``jax.grad``: it gets zero
+cotangents, and ``p - lr * g`` leaves it unchanged. Do not let an optimizer with weight decay
+(or a dtype cast) update a pytree holding a table: the FFI calls then refuse the changed handle
+or step ("corrupted table handle").
+
+Static (part of the treedef, so part of jit's cache key): what changes the compiled code —
+``dim``, key dtype, the optimizer and the number of companion state tables.
 
 The rows themselves live in the core's process-wide registry under the id, shared with
 ``dualemb.core.Table`` and ``dualemb.tf`` in the same process.
+
+Lifetime: a table lives until :func:`destroy` (like ``jax.Array.delete``). JAX copies a pytree
+freely (every ``jit`` call, ``tree_map`` and transformation makes new ``Table`` objects sharing
+one id, and compiled steps return more), so no Python object owns the table and a finalizer on
+one copy would free rows that other copies still use; see docs/jax.md.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from dualemb.core.table import Table as CoreTable
+from dualemb.jax import _chunks
 from dualemb.jax import optimizers as _opts
 
 _core = None
@@ -34,6 +55,28 @@ def _core_module():
     return _core
 
 
+def _is_traced(x) -> bool:
+    return isinstance(x, jax.core.Tracer)
+
+
+def _int_id(x) -> int | None:
+    """x as a Python int if it is a table id (an integer), else None (a handle)."""
+    if isinstance(x, bool):
+        raise TypeError("a table id is an integer, got a bool")
+    if isinstance(x, int):
+        return x
+    if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.integer) and jnp.ndim(x) == 0 \
+            and not _is_traced(x):
+        return int(x)
+    return None
+
+
+def _as_handle(x):
+    """A handle leaf from a table id (int) or an existing handle (array, tracer)."""
+    i = _int_id(x)
+    return x if i is None else _chunks.id_to_handle(i)
+
+
 @jax.tree_util.register_pytree_node_class
 class Table:
     """A dynamic embedding table as seen from JAX (see the module docstring).
@@ -42,35 +85,104 @@ class Table:
     every write returns a new one.
     """
 
-    __slots__ = ("id", "dim", "key_dtype", "optimizer", "slot_tables", "version", "step",
-                 "opt_state")
+    __slots__ = ("handle", "dim", "key_dtype", "optimizer", "slot_tables", "version",
+                 "_step", "_opt_code", "_opt_dtypes", "_id")
 
-    def __init__(self, id: int, dim: int, key_dtype: str, optimizer, version, step,
+    def __init__(self, id, dim: int, key_dtype: str, optimizer, version, step,
                  opt_state=None, slot_tables: tuple = ()):
-        self.id = int(id)
+        self.handle = _as_handle(id)
+        self._id = _int_id(id)
         self.dim = int(dim)
         self.key_dtype = key_dtype
         self.optimizer = optimizer
-        self.slot_tables = tuple(slot_tables)
-        self.version = version
-        self.step = step
-        self.opt_state = opt_state
+        self.slot_tables = tuple(_as_handle(t) for t in slot_tables)
+        self.version = jnp.asarray(version, jnp.float32)
+        self._step = _chunks.encode(step, jnp.int32)
+        self._set_opt_state(opt_state)
+
+    def _set_opt_state(self, opt_state) -> None:
+        if opt_state is None:
+            self._opt_code, self._opt_dtypes = None, None
+            return
+        values = tuple(jnp.asarray(s) for s in opt_state)
+        self._opt_dtypes = tuple(v.dtype.name for v in values)
+        self._opt_code = tuple(_chunks.encode(v) for v in values)
+
+    # -- pytree ------------------------------------------------------------------------------
 
     def tree_flatten(self):
-        return ((self.version, self.step, self.opt_state),
-                (self.id, self.dim, self.key_dtype, self.optimizer, self.slot_tables))
+        return ((self.handle, self.version, self._step, self._opt_code, self.slot_tables),
+                (self.dim, self.key_dtype, self.optimizer, self._opt_dtypes))
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        id_, dim, kd, opt, slot_tables = aux
-        version, step, opt_state = children
-        return cls(id_, dim, kd, opt, version, step, opt_state, slot_tables)
+        # Leaves may be tracers, cotangents or placeholders here: store them as they are.
+        t = object.__new__(cls)
+        t.handle, t.version, t._step, t._opt_code, t.slot_tables = children
+        t.dim, t.key_dtype, t.optimizer, t._opt_dtypes = aux
+        t._id = None
+        return t
+
+    # -- fields ------------------------------------------------------------------------------
+
+    @property
+    def id(self) -> int:
+        """The table's id as a Python int (outside ``jit``; inside, the id is a runtime value).
+
+        Identity is an operand of every call, so compiled code does not depend on it."""
+        if self._id is None:
+            if _is_traced(self.handle):
+                raise TypeError(
+                    "Table.id is not known while tracing (jit, vmap, grad): the table's "
+                    "identity is a runtime operand; read it outside the transformation")
+            self._id = _chunks.handle_to_id(self.handle)
+        return self._id
+
+    @property
+    def step(self) -> jax.Array:
+        """The number of optimizer updates made (int32 scalar)."""
+        return _chunks.decode(self._step, jnp.int32)
+
+    @property
+    def step_code(self):
+        """The step count as the leaf carries it (float32 chunks; what the FFI call takes)."""
+        return self._step
+
+    @property
+    def opt_state(self):
+        """The generic path's scalar state (a tuple, in its own dtypes), or None."""
+        if self._opt_code is None:
+            return None
+        return tuple(_chunks.decode(c, d) for c, d in zip(self._opt_code, self._opt_dtypes))
+
+    @property
+    def slot_ids(self) -> tuple:
+        """The ids of the generic path's state tables (Python ints; outside ``jit``)."""
+        return tuple(_chunks.handle_to_id(h) for h in self.slot_tables)
 
     def replace(self, **changes) -> "Table":
-        """A copy with some fields changed."""
-        fields = {k: getattr(self, k) for k in self.__slots__}
-        fields.update(changes)
-        return Table(**fields)
+        """A copy with some fields changed (``id``, ``step``, ``opt_state`` and
+        ``slot_tables`` are given as :func:`create` takes them: ints, int32 step, dtyped
+        state)."""
+        t = object.__new__(Table)
+        for k in Table.__slots__:
+            setattr(t, k, getattr(self, k))
+        for k, v in changes.items():
+            if k == "id":
+                t.handle, t._id = _as_handle(v), _int_id(v)
+            elif k == "step":
+                t._step = _chunks.encode(v, jnp.int32)
+            elif k == "opt_state":
+                t._set_opt_state(v)
+            elif k == "slot_tables":
+                t.slot_tables = tuple(_as_handle(h) for h in v)
+            elif k == "version":
+                t.version = jnp.asarray(v, jnp.float32)
+            elif k in ("dim", "key_dtype", "optimizer"):
+                setattr(t, k, v)
+            else:
+                raise TypeError(f"Table.replace() got an unknown field {k!r}")
+        return t
 
     def core(self) -> CoreTable:
         """The host-side ``dualemb.core.Table`` of this id, after every write this handle
@@ -79,7 +191,8 @@ class Table:
         return CoreTable.attach(self.id)
 
     def __repr__(self) -> str:
-        return (f"Table(id={self.id}, dim={self.dim}, key_dtype={self.key_dtype}, "
+        who = "traced" if _is_traced(self.handle) else self.id
+        return (f"Table(id={who}, dim={self.dim}, key_dtype={self.key_dtype}, "
                 f"optimizer={self.optimizer!r})")
 
 
@@ -87,20 +200,39 @@ def block(table: Table) -> Table:
     """Waits until every write this table handle depends on has run; returns the table.
     A host-side read (``dualemb.core``, ``dualemb.tf``, a checkpoint) after a jitted write must
     wait like this: jitted calls run asynchronously."""
-    jax.block_until_ready((table.version, table.step))
+    jax.block_until_ready((table.version, table.step_code))
     return table
 
 
 def check_exists(table: Table) -> None:
-    """Raises KeyError if the table's id is not in this process's registry."""
-    if not _core_module().exists(int(table.id)):
+    """Raises KeyError if the table's id is not in this process's registry (TypeError if
+    ``table`` is not a Table). Inside ``jit`` the id is a runtime value: the FFI handler makes
+    the same check when the call runs, and fails the computation with the same message."""
+    if not isinstance(table, Table):
+        raise TypeError(f"expected a dualemb.jax.Table, got {type(table).__name__}")
+    if _is_traced(table.handle):
+        return
+    if not _core_module().exists(table.id):
         raise KeyError(
-            f"unknown table id {table.id}: it was not created or loaded in this process (after "
-            "a restart, restore it with dualemb.jax.load or an Orbax restore first)")
+            f"unknown table id {table.id}: it was destroyed, or not created or loaded in this "
+            "process (after a restart, restore it with dualemb.jax.load or an Orbax restore "
+            "first)")
 
 
 def _scalar(value) -> jax.Array:
     return jnp.asarray(value, jnp.int32)
+
+
+MAX_STEP = 2**31 - 2  # the count is int32 (as Optax's), and the core is given count + 1
+
+
+def check_step(step) -> int:
+    """A step count as a Python int, or TypeError/ValueError (before anything is built)."""
+    if isinstance(step, bool) or not isinstance(step, (int, np.integer)):
+        raise TypeError(f"step must be an int (the number of updates made), got {step!r}")
+    if not 0 <= int(step) <= MAX_STEP:
+        raise ValueError(f"step must be in [0, {MAX_STEP}], got {step}")
+    return int(step)
 
 
 def _optimizer(optimizer):
@@ -139,6 +271,10 @@ def create(dim: int, *, key_dtype: str = "int64", initializer=None, optimizer=No
       num_threads: threads one batched call may use (0 = all cores).
       table_id: create under (or attach to) this id; 0 draws a fresh one.
     """
+    if isinstance(table_id, bool) or not isinstance(table_id, (int, np.integer)) or \
+            not 0 <= int(table_id) < 2**63:
+        raise ValueError(f"table_id must be a non-negative 63-bit int (0 = a fresh id), got "
+                         f"{table_id!r}")
     opt = _optimizer(optimizer)
     fused = opt if isinstance(opt, _opts.Optimizer) else None
     core = CoreTable(dim, key_dtype=key_dtype, initializer=initializer,
@@ -165,6 +301,7 @@ def attach(table_id: int, *, optimizer=None, step: int = 0, learning_rate=None) 
     (required then, since the core does not store learning rates). ``step`` is the number of
     updates already made (the core does not store it either).
     """
+    step = check_step(step)
     core = CoreTable.attach(int(table_id))
     opt = _optimizer(optimizer)
     if opt is None:
@@ -186,8 +323,12 @@ def attach(table_id: int, *, optimizer=None, step: int = 0, learning_rate=None) 
 
 
 def destroy(table: Table) -> None:
-    """Removes the table (and the generic path's state tables) from the core's registry."""
+    """Removes the table (and the generic path's state tables) from the core's registry, after
+    the writes this handle depends on. Every copy of the handle, and every compiled function
+    called with one later, then fails with "unknown table id" (never reads another table)."""
+    if not isinstance(table, Table):
+        raise TypeError(f"expected a dualemb.jax.Table, got {type(table).__name__}")
     block(table)
-    for tid in (table.id,) + table.slot_tables:
+    for tid in (table.id,) + table.slot_ids:
         if _core_module().exists(int(tid)):
             _core_module().destroy(int(tid))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from dualemb.jax import _ffi
 from dualemb.jax import optimizers as _opts
 from dualemb.jax.ops import _keys, _rows_arg
@@ -24,13 +26,16 @@ def apply_gradients(table: Table, ids, grads) -> Table:
     opt = table.optimizer
     if opt is None:
         raise ValueError(
-            f"table {table.id} has no optimizer: create it with optimizer=... (or attach one)")
+            f"{table!r} has no optimizer: create it with optimizer=... (or attach one)")
     keys, shape = _keys(table, ids)
     g = _rows_arg(table, grads, shape, "gradients")
     if isinstance(opt, _opts.Optimizer):
         lr = opt.learning_rate_at(table.step)
-        step = table.step + 1
-        version = _ffi.apply_gradients(table.id, table.version, keys, g, lr, step)
-        return table.replace(version=version, step=step)
+        if jnp.shape(lr) != ():
+            raise ValueError(f"the learning rate schedule of {opt.name!r} returned shape "
+                             f"{jnp.shape(lr)}, expected a scalar")
+        version = _ffi.apply_gradients(table.handle, table.version, keys, g, lr,
+                                       table.step_code)
+        return table.replace(version=version, step=table.step + 1)
     from dualemb.jax import generic
     return generic.apply(table, keys, tuple(shape), g)
