@@ -18,7 +18,7 @@ table on is what orders the side-effecting calls::
 Works under ``jit``, ``grad``, ``vmap``, ``lax.scan``/``fori_loop`` and with several tables in
 one step. int64 ids in JAX's default 32-bit mode: see :mod:`dualemb.jax.ids`. Optimizers:
 :mod:`dualemb.jax.optimizers` (fused, Optax-named) or any Optax transformation
-(:mod:`dualemb.jax.generic`). Checkpoints: :func:`save` / :func:`load` (common format),
+(:mod:`dualemb.jax.generic`). Checkpoints: :func:`save` / :func:`load` / :func:`load_tables` (common format),
 :mod:`dualemb.jax.orbax` (CheckpointManager). Flax: :mod:`dualemb.jax.nnx`.
 Importing this module registers the FFI targets for the CPU platform.
 """
@@ -38,14 +38,14 @@ __all__ = [
     "find_or_insert", "insert", "accum", "erase", "after",
     "apply_gradients",
     "initializers", "optimizers",
-    "save", "load",
+    "save", "load", "load_tables",
 ]
 
 
 def __getattr__(name):
     # Loaded on first use: checkpoints, and the Flax / Orbax glue (which import flax, orbax).
     import importlib
-    if name in ("save", "load"):
+    if name in ("save", "load", "load_tables"):
         return getattr(importlib.import_module("dualemb.jax.checkpoint"), name)
     if name in ("checkpoint", "nnx", "orbax", "generic"):
         return importlib.import_module(f"dualemb.jax.{name}")
