@@ -19,7 +19,7 @@ MODULES = {
              "dualemb.core.optimizers", "dualemb.core.checkpoint"],
     "tf": ["dualemb.tf", "dualemb.tf.migrate"],
     "jax": ["dualemb.jax", "dualemb.jax.optimizers", "dualemb.jax.initializers",
-            "dualemb.jax.nnx", "dualemb.jax.orbax"],
+            "dualemb.jax.nnx", "dualemb.jax.orbax", "dualemb.jax.generic"],
 }
 
 

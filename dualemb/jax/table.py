@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from dualemb.core.table import Table as CoreTable
 from dualemb.jax import optimizers as _opts
+from dualemb.jax._pytree import register_table
 
 _core = None
 
@@ -34,7 +35,7 @@ def _core_module():
     return _core
 
 
-@jax.tree_util.register_pytree_node_class
+@register_table  # keyed: pytree checkpointers refuse a table instead of losing its rows
 class Table:
     """A dynamic embedding table as seen from JAX (see the module docstring).
 
