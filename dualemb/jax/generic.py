@@ -255,7 +255,11 @@ def _check_padding_invariant(tx, lay: _Layout, dim: int) -> None:
             alone = run(False)
         except Exception:
             return
-        padded = run(True)
+        try:
+            padded = run(True)
+        except Exception as e:
+            raise TypeError(f"the generic optimizer path cannot run {tx!r}: it fails on a batch "
+                            f"padded with neutral rows: {type(e).__name__}: {e}") from e
     for step, (a_step, p_step) in enumerate(zip(alone, padded)):
         for i, (a, b) in enumerate(zip(a_step, p_step)):
             if a.shape != b.shape or not np.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True):
