@@ -90,6 +90,17 @@ _KERAS_SLOTS = ("momentum", "velocity", "velocity_hat", "accumulator", "linear",
 NameMap = Mapping[str, str] | Callable[[str], str | None] | None
 
 
+# dualemb.jax.nnx.Embed's zero scalar guard parameter (TableGradGuard): a Flax-side detail with no
+# Keras counterpart, never exchanged (importing leaves the model's own value).
+_FLAX_ONLY_LEAVES = frozenset({"dualemb_grad_guard"})
+
+
+def _flax_rename(name_map: NameMap, name: str) -> str | None:
+    if name.rsplit("/", 1)[-1] in _FLAX_ONLY_LEAVES:
+        return None
+    return _rename(name_map, name)
+
+
 def _rename(name_map: NameMap, name: str) -> str | None:
     if name_map is None:
         return name
@@ -354,7 +365,7 @@ def flax_params_to_dict(tree, *, name_map: NameMap = None, filter=None) -> dict:
     statistics), an ``nnx.State`` or a nested dict of arrays (``nnx.to_pure_dict(state)``)."""
     out = {}
     for name, value in flatten(_flax_pure(tree, filter)).items():
-        new = _rename(name_map, name)
+        new = _flax_rename(name_map, name)
         if new is not None:
             out[new] = np.asarray(value)
     return out
@@ -376,7 +387,7 @@ def dict_to_flax(template, params: Mapping, *, name_map: NameMap = None, strict:
     flat = flatten(pure)
     renamed = {}
     for name in flat:
-        new = _rename(name_map, name)
+        new = _flax_rename(name_map, name)
         if new is not None:
             renamed[new] = name
     plain = {k: v for k, v in params.items() if not k.startswith(OPTIMIZER_PREFIX)}
@@ -434,7 +445,7 @@ def dict_to_adam_state(params: Mapping, template, *, name_map: NameMap = None):
         if isinstance(template, nnx.Module):
             template = nnx.state(template, nnx.Param)
     pure = _flax_pure(template)
-    names = {_rename(name_map, n): n for n in flatten(pure)}
+    names = {_flax_rename(name_map, n): n for n in flatten(pure)}
     names.pop(None, None)
     moments = []
     for slot in ("m", "v"):

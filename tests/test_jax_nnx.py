@@ -122,3 +122,116 @@ def test_embed_wraps_existing_table_and_checks_dim():
     assert e.table.get_value().id == t.id
     with pytest.raises(ValueError, match="dim"):
         denn.Embed(DIM + 1, table=t)
+
+
+# ---- habits that used to skip the tables silently (issue 9, item 10) ---------------------------
+
+def _rows(model, users, items):
+    return (np.asarray(dej.lookup(model.user.table.get_value(), users)),
+            np.asarray(dej.lookup(model.item.table.get_value(), items)))
+
+
+def _trained_model(steps=3):
+    model = Model(nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+
+    @nnx.jit
+    def train_step(model, opt, users, items, y):
+        loss, grads, emb = denn.value_and_grad(_loss)(model, users, items, y)
+        opt.update(model, grads)
+        denn.apply_gradients(model, emb)
+        return loss
+
+    users, items, y = _data()
+    for _ in range(steps):
+        train_step(model, opt, users, items, y)
+    return model, opt
+
+
+@pytest.mark.parametrize("jit", [False, True], ids=["eager", "jit"])
+def test_plain_nnx_value_and_grad_raises_and_leaves_tables_untouched(jit):
+    model, opt = _trained_model()
+    users, items, y = _data()
+    before = _rows(model, users, items)
+    kernel = np.asarray(model.out.kernel[...])
+
+    def step(model, opt, users, items, y):
+        loss, grads = nnx.value_and_grad(_loss)(model, users, items, y)
+        opt.update(model, grads)
+        return loss
+
+    with pytest.raises(TypeError, match=r"dualemb\.jax\.nnx\.value_and_grad"):
+        (nnx.jit(step) if jit else step)(model, opt, users, items, y)
+    with pytest.raises(TypeError, match=r"dualemb\.jax\.nnx\.value_and_grad"):
+        nnx.grad(_loss)(model, users, items, y)
+    after = _rows(model, users, items)
+    np.testing.assert_array_equal(after[0], before[0])
+    np.testing.assert_array_equal(after[1], before[1])
+    np.testing.assert_array_equal(model.out.kernel[...], kernel)
+
+
+def test_dualemb_value_and_grad_still_gives_zero_guard_gradients_and_trains_tables():
+    model, _ = _trained_model()
+    users, items, y = _data()
+    before = _rows(model, users, items)
+    _, grads, emb = denn.value_and_grad(_loss)(model, users, items, y)
+    assert float(grads["user"]["dualemb_grad_guard"][...]) == 0.0
+    denn.apply_gradients(model, emb)
+    assert not np.allclose(_rows(model, users, items)[0], before[0])
+    # Inference (no differentiation) is a plain lookup.
+    np.testing.assert_array_equal(model.user(users), dej.lookup(model.user.table.get_value(),
+                                                                users))
+
+
+def test_standard_orbax_save_of_nnx_state_refuses_instead_of_saving_no_rows(tmp_path):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    model, _ = _trained_model()
+    with ocp.StandardCheckpointer() as ck:
+        with pytest.raises(ValueError, match=r"dualemb\.jax\.orbax\.TablesSave"):
+            ck.save(tmp_path / "state", nnx.state(model))
+        with pytest.raises(ValueError, match=r"dualemb\.jax\.orbax\.TablesSave"):
+            ck.save(tmp_path / "pure", nnx.to_pure_dict(nnx.state(model)))
+        with pytest.raises(ValueError, match=r"dualemb\.jax\.orbax\.TablesSave"):
+            ck.save(tmp_path / "dict", {"t": model.user.table.get_value()})
+        # A restore whose target holds the tables is refused the same way.
+        dense = nnx.state(model, nnx.Not(denn.EmbeddingTable))
+        ck.save(tmp_path / "dense", dense)
+        ck.wait_until_finished()
+        with pytest.raises(ValueError, match=r"dualemb\.jax\.orbax\.TablesSave"):
+            ck.restore(tmp_path / "dense", nnx.state(Model(nnx.Rngs(1))))
+    # Key paths still print (the keys are only unknown to Orbax).
+    paths = [jax.tree_util.keystr(p) for p, _ in
+             jax.tree_util.tree_leaves_with_path(model.user.table.get_value())]
+    assert paths == [".version", ".step"]
+
+
+def test_documented_orbax_recipe_restores_a_fresh_model(tmp_path):
+    ocp = pytest.importorskip("orbax.checkpoint")
+    from dualemb.jax import orbax as deo
+
+    model, _ = _trained_model()
+    users, items, y = _data()
+    expected = np.asarray(model(users, items))
+
+    def dense(m):
+        return nnx.state(m, nnx.Not(denn.EmbeddingTable))
+
+    with ocp.CheckpointManager(tmp_path / "ck") as mngr:
+        mngr.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave(dense(model)),
+                                             tables=deo.TablesSave(denn.tables(model))))
+        mngr.wait_until_finished()
+    fresh = Model(nnx.Rngs(7))
+    assert not np.allclose(fresh(users, items), expected)
+    with ocp.CheckpointManager(tmp_path / "ck") as mngr:
+        restored = mngr.restore(3, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(dense(fresh)),
+            tables=deo.TablesRestore(denn.tables(fresh))))
+    nnx.update(fresh, restored.state)
+    denn.set_tables(fresh, restored.tables)
+    np.testing.assert_allclose(fresh(users, items), expected, rtol=1e-6, atol=1e-7)
+    for a, b in zip(_rows(fresh, users, items), _rows(model, users, items)):
+        np.testing.assert_array_equal(a, b)
+    assert int(fresh.user.table.get_value().step) == 3
+    assert fresh.user.table.get_value().id != model.user.table.get_value().id
+    with pytest.raises(KeyError, match="no Embed"):
+        denn.set_tables(fresh, {"nope": fresh.user.table.get_value()})

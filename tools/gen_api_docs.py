@@ -19,7 +19,8 @@ MODULES = {
              "dualemb.core.optimizers", "dualemb.core.checkpoint"],
     "tf": ["dualemb.tf", "dualemb.tf.migrate"],
     "jax": ["dualemb.jax", "dualemb.jax.optimizers", "dualemb.jax.initializers",
-            "dualemb.jax.nnx", "dualemb.jax.orbax", "dualemb.jax.keras_optax"],
+            "dualemb.jax.nnx", "dualemb.jax.orbax", "dualemb.jax.keras_optax",
+            "dualemb.jax.generic"],
 }
 
 

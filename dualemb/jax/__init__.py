@@ -20,7 +20,7 @@ Works under ``jit``, ``grad``, ``vmap``, ``lax.scan``/``fori_loop`` and with sev
 one step. int64 ids in JAX's default 32-bit mode: see :mod:`dualemb.jax.ids`. Optimizers:
 :mod:`dualemb.jax.optimizers` (fused, Optax-named) or any Optax transformation
 (:mod:`dualemb.jax.generic`); Keras' Adam for dense parameters: :mod:`dualemb.jax.keras_optax`.
-Checkpoints: :func:`save` / :func:`load` (common format),
+Checkpoints: :func:`save` / :func:`load` / :func:`load_tables` (common format),
 :mod:`dualemb.jax.orbax` (CheckpointManager). Flax: :mod:`dualemb.jax.nnx`.
 Importing this module registers the FFI targets for the CPU platform.
 """
@@ -40,14 +40,14 @@ __all__ = [
     "find_or_insert", "insert", "accum", "erase", "after",
     "apply_gradients",
     "initializers", "optimizers",
-    "save", "load",
+    "save", "load", "load_tables",
 ]
 
 
 def __getattr__(name):
     # Loaded on first use: checkpoints, and the Flax / Orbax glue (which import flax, orbax).
     import importlib
-    if name in ("save", "load"):
+    if name in ("save", "load", "load_tables"):
         return getattr(importlib.import_module("dualemb.jax.checkpoint"), name)
     if name in ("checkpoint", "nnx", "orbax", "generic", "keras_optax"):
         return importlib.import_module(f"dualemb.jax.{name}")

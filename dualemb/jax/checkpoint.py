@@ -127,53 +127,106 @@ def load(path, name: str | None = None, *, optimizer=None, learning_rate=None,
         checkpoint's, else ``CheckpointError`` and the table is left unchanged. Default: a new
         table.
 
-    The step count is restored (0 if the checkpoint has none).
+    The step count is restored (0 if the checkpoint has none). To restore several tables, use
+    :func:`load_tables`: it verifies all of them before changing any.
     """
     manifest = _ckpt.read_manifest(path)
-    entries = {t["name"]: t for t in manifest["tables"]}
-    names = table_names(path)
-    if optimizer is None and into is not None:
-        optimizer = into.optimizer
     if name is None:
+        names = table_names(path)
         if len(names) != 1:
             raise ValueError(f"the checkpoint at {path} holds tables {names}: pass name=...")
         name = names[0]
+    return _load(path, manifest, [name], {name: into}, {name: optimizer},
+                 {name: learning_rate})[name]
+
+
+def load_tables(path, names=None, *, into: Mapping | None = None,
+                optimizers: Mapping | None = None,
+                learning_rates: Mapping | None = None) -> dict:
+    """Loads several tables from the checkpoint at ``path``: name -> handle.
+
+    ``names``: which tables (default: the keys of ``into`` if given, else every saved table);
+    ``into``, ``optimizers``, ``learning_rates``: mappings name -> what :func:`load` takes as
+    ``into``, ``optimizer``, ``learning_rate`` (a name left out gets the default).
+
+    All or nothing: every table's manifest entry, dim, dtypes, optimizer and every checksum of
+    every shard file are verified before any live table is modified, so a bad second table
+    leaves the first live table as it was.
+    """
+    manifest = _ckpt.read_manifest(path)
+    into, optimizers = dict(into or {}), dict(optimizers or {})
+    learning_rates = dict(learning_rates or {})
+    if names is None:
+        names = list(into) if into else table_names(path)
+    elif isinstance(names, str):
+        names = [names]
+    names = list(dict.fromkeys(names))
+    return _load(path, manifest, names, into, optimizers, learning_rates)
+
+
+def _plan(path, manifest: dict, name: str, into, optimizer, learning_rate) -> dict:
+    """Everything about one table that can be checked without touching a live table."""
+    entries = {t["name"]: t for t in manifest["tables"]}
     if name not in entries:
         raise _ckpt.CheckpointError(f"table {name!r} is not in the checkpoint at {path} "
-                                    f"(it has {names})")
+                                    f"(it has {table_names(path)})")
+    if into is not None and not isinstance(into, Table):
+        raise TypeError(f"into[{name!r}] must be a dualemb.jax.Table, got {type(into).__name__}")
+    if optimizer is None and into is not None:
+        optimizer = into.optimizer
     entry = entries[name]
     metadata = manifest.get("metadata") or {}
     info = dict(metadata.get(META_KEY, {}).get(name, {}))
     info["neutral_learning_rate"] = metadata.get("learning_rates", {}).get(name)
     opt = _resolve_optimizer(name, entry, info, optimizer, learning_rate)
-    step = int(entry.get("step") or 0)
     generic = opt is not None and not isinstance(opt, _opts.Optimizer)
-
     state_names = list(info.get("state_tables", [])) if generic else []
+    state = []
+    if generic:
+        state = [np.asarray(s["value"], dtype=s["dtype"]) for s in info.get("opt_state", [])]
+        lay = opt.layout(entry["dim"])
+        missing = [s for s in state_names if s not in entries]
+        if missing or len(state_names) != sum(k == "row" for k in lay.kinds) or len(state) != len(
+                lay.scalar_init):
+            raise _ckpt.CheckpointError(
+                f"table {name!r}: the saved generic optimizer state does not fit {opt.tx!r}")
+    live = {}
     if into is not None:
         check_exists(into)
         block(into)
-        live = {name: CoreTable.attach(into.id)}
+        live[name] = CoreTable.attach(into.id)
         if generic and len(into.slot_tables) == len(state_names):
             live.update({s: CoreTable.attach(t) for s, t in zip(state_names, into.slot_ids)})
-        ck = _ckpt.load(path, live, names=[name] + state_names)
-    else:
-        ck = _ckpt.load(path, names=[name] + state_names)
+    return {"name": name, "opt": opt, "generic": generic, "state_names": state_names,
+            "state": state, "step": int(entry.get("step") or 0), "live": live}
+
+
+def _load(path, manifest: dict, names: list, into: dict, optimizers: dict,
+          learning_rates: dict) -> dict:
+    plans = [_plan(path, manifest, n, into.get(n), optimizers.get(n), learning_rates.get(n))
+             for n in names]
+    live, load_names = {}, []
+    for p in plans:
+        load_names += [p["name"]] + p["state_names"]
+        live.update(p["live"])
+    # One core load for every table: it verifies the whole selection (and that no live table
+    # is given twice) before writing any.
+    ck = _ckpt.load(path, live, names=load_names)
+    return {p["name"]: _handle(p, ck) for p in plans}
+
+
+def _handle(plan: dict, ck) -> Table:
+    name, opt = plan["name"], plan["opt"]
     core = ck.tables[name]
     if isinstance(opt, _opts.Optimizer):
         core.set_optimizer(opt.spec)  # a no-op when it is the saved one (slots kept)
         opt = canonical(core, opt)
     table = Table(core.id, core.dim, core.key_dtype.name,
-                  opt if isinstance(opt, _opts.Optimizer) else None, _scalar(0), _scalar(step))
-    if generic:
-        state = [np.asarray(s["value"], dtype=s["dtype"]) for s in info.get("opt_state", [])]
-        slot_ids = tuple(ck.tables[s].id for s in state_names)
-        lay = opt.layout(core.dim)
-        if len(slot_ids) != sum(k == "row" for k in lay.kinds) or len(state) != len(
-                lay.scalar_init):
-            raise _ckpt.CheckpointError(
-                f"table {name!r}: the saved generic optimizer state does not fit {opt.tx!r}")
+                  opt if isinstance(opt, _opts.Optimizer) else None, _scalar(0),
+                  _scalar(plan["step"]))
+    if plan["generic"]:
         import jax.numpy as jnp
+        slot_ids = tuple(ck.tables[s].id for s in plan["state_names"])
         table = table.replace(optimizer=opt, slot_tables=slot_ids,
-                              opt_state=tuple(jnp.asarray(s) for s in state))
+                              opt_state=tuple(jnp.asarray(s) for s in plan["state"]))
     return table

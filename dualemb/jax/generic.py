@@ -12,9 +12,30 @@ optax.scale_by_adam(), optax.scale(-lr))``). The transformation's state for one 
 A step (:func:`apply`): the batch's distinct ids are found (one FFI call), their gradients
 summed, their rows and state rows read (inserting missing ids, as the fused path does), the
 transformation applied to those ``[n, dim]`` arrays with the rows as ``params``, and the new
-rows and state written back. With every row in every batch this is exactly Optax on a dense
-array. Transformations that look across rows (e.g. ``clip_by_global_norm``) see the batch's
-distinct rows only.
+rows and state written back.
+
+What "equal to dense Optax" means here. One step updates exactly the batch's distinct ids, as
+``tx.update`` would update the dense matrix made of those rows (gradient: the sum over each id's
+positions), with their state rows (an id new to the table starts from its initializer row and
+``tx.init``'s state); every other row and its state rows are unchanged, and the scalar state
+(e.g. ``count``) advances once per step. Hence:
+
+* with every row of the table in every batch, the table equals a dense matrix trained by Optax;
+* a row never in a batch keeps its initializer value and is not inserted; a row left out of a
+  step keeps its value and state (lazy updates: dense Optax would move it by momentum or weight
+  decay even with a zero gradient, and its state would decay);
+* transformations that look across rows (``clip_by_global_norm``, ``lamb``/``lars`` trust
+  ratios) see the batch's distinct rows only, never the padding of a batch with duplicate ids
+  and never rows outside the batch. Where a zero gradient leaves a row unchanged (e.g.
+  ``chain(clip_by_global_norm, sgd)``) that is dense Optax on the whole table; where it does not
+  (e.g. ``add_decayed_weights`` before the clip, whose dense global norm includes the decay of
+  every row), the generic path deliberately differs from the whole dense matrix.
+
+The batch's distinct rows are padded to a static count under ``jit``; the padding rows are made
+neutral (zero params, zero gradient, initial state), which sums over rows ignore. A
+transformation whose result depends on the number of rows otherwise (a mean over the whole
+leaf: ``clip_by_block_rms``, ``scale_by_param_block_rms``) is refused with ``TypeError`` when the
+table is created: found by running two steps on a few rows, with and without padding.
 
 A transformation whose state has other leaves (matrices, per-row integers) or whose initial
 state depends on the parameters (e.g. lookahead's slow copy) cannot be carried: :meth:`of`
@@ -132,7 +153,9 @@ def _compute_layout(tx, dim: int) -> _Layout:
             raise TypeError(
                 f"the generic optimizer path cannot carry {tx!r}: its {path} is neither a "
                 f"per-row float leaf of shape ({dim},) nor a scalar")
-    return _Layout(treedef, tuple(kinds), tuple(row_init), tuple(scalar_init))
+    lay = _Layout(treedef, tuple(kinds), tuple(row_init), tuple(scalar_init))
+    _check_padding_invariant(tx, lay, dim)
+    return lay
 
 
 def _merge_state(lay: _Layout, rows: list, scalars) -> object:
@@ -162,6 +185,11 @@ def apply(table, keys, shape, grads):
     for tid in table.slot_tables:
         v, srows, _ = _ffi.find_or_insert(tid, dim, v, uniq, (n,))
         state_rows.append(srows)
+    # The deduplicated batch is padded to n rows (uniq repeats the first key there). Padding
+    # rows become neutral rows: zero params, zero gradient, initial state. A transformation that
+    # looks across rows through sums (global norms, trust ratios) then sees exactly the distinct
+    # rows; one whose rows depend on the padding otherwise is refused by _layout.
+    rows, gsum, state_rows = _neutral_padding(lay, valid, rows, gsum, state_rows)
     state = _merge_state(lay, state_rows, table.opt_state)
     updates, new_state = opt.tx.update(gsum, state, rows)
     new_rows = (rows + updates).astype(jnp.float32)
@@ -175,6 +203,73 @@ def apply(table, keys, shape, grads):
     for tid, leaf in zip(table.slot_tables, new_row_leaves):
         v = _ffi.insert_or_assign(tid, v, uniq, jnp.asarray(leaf, jnp.float32), valid)
     return table.replace(version=v, step=table.step + 1, opt_state=new_scalars)
+
+
+def _neutral_padding(lay: _Layout, valid, rows, grads, state_rows):
+    """rows, grads and state rows with the rows where ``valid`` is false replaced by a neutral
+    row: zero params, zero gradient, the transformation's initial state."""
+    keep = valid[:, None]
+    rows = jnp.where(keep, rows, 0.0)
+    grads = jnp.where(keep, grads, 0.0)
+    state_rows = [jnp.where(keep, r, jnp.asarray(init)) for r, init in zip(state_rows, lay.row_init)]
+    return rows, grads, state_rows
+
+
+def _check_padding_invariant(tx, lay: _Layout, dim: int) -> None:
+    """Raises TypeError when neutral padding rows change what ``tx`` does to the other rows.
+
+    Runs two steps of ``tx.update`` on a few random rows, once alone and once followed by
+    neutral rows (:func:`_neutral_padding`), and compares the real rows' updates and state.
+    Sums over rows (global norms, trust ratios) pass; means over the whole leaf (e.g.
+    ``clip_by_block_rms``) depend on the row count and fail: such a transformation would give
+    a batch with duplicate ids a different result than the same distinct ids without
+    duplicates. A transformation that cannot run on rows at all is left to
+    :func:`_check_update`, which reports it when a step is taken."""
+    real, pad = 3, 2
+    rs = np.random.RandomState(0)
+    params = rs.standard_normal((real, dim)).astype(np.float32)
+    grads = [rs.standard_normal((real, dim)).astype(np.float32) for _ in range(2)]
+    n_row = sum(k == "row" for k in lay.kinds)
+
+    def run(padded: bool):
+        total = real + pad if padded else real
+        valid = jnp.arange(total) < real
+        p = jnp.zeros((total, dim), jnp.float32).at[:real].set(params)
+        srows = [jnp.broadcast_to(jnp.asarray(init), (total, dim)) for init in lay.row_init]
+        scalars = [jnp.asarray(s) for s in lay.scalar_init]
+        out = []
+        for g in grads:
+            gp = jnp.zeros((total, dim), jnp.float32).at[:real].set(g)
+            p, gp, srows = _neutral_padding(lay, valid, p, gp, srows)
+            updates, new_state = tx.update(gp, _merge_state(lay, srows, scalars), p)
+            leaves = jax.tree_util.tree_leaves(new_state)
+            srows = [jnp.asarray(l, jnp.float32) for l, k in zip(leaves, lay.kinds) if k == "row"]
+            scalars = [l for l, k in zip(leaves, lay.kinds) if k == "scalar"]
+            p = (p + updates).astype(jnp.float32)
+            out.append([np.asarray(p[:real])] + [np.asarray(r[:real]) for r in srows] +
+                       [np.asarray(s) for s in scalars])
+        return out
+
+    with jax.ensure_compile_time_eval():
+        try:
+            alone = run(False)
+        except Exception:
+            return
+        try:
+            padded = run(True)
+        except Exception as e:
+            raise TypeError(f"the generic optimizer path cannot run {tx!r}: it fails on a batch "
+                            f"padded with neutral rows: {type(e).__name__}: {e}") from e
+    for step, (a_step, p_step) in enumerate(zip(alone, padded)):
+        for i, (a, b) in enumerate(zip(a_step, p_step)):
+            if a.shape != b.shape or not np.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True):
+                what = "rows" if i == 0 else (f"row state leaf {i - 1}" if i <= n_row
+                                              else f"scalar state leaf {i - 1 - n_row}")
+                raise TypeError(
+                    f"the generic optimizer path cannot run {tx!r}: its {what} at step {step} "
+                    "depend on how many rows the batch holds beyond the distinct ids (e.g. a "
+                    "mean over the whole leaf), so a batch with duplicate ids would be updated "
+                    "differently from the same distinct ids without duplicates")
 
 
 def _check_update(tx, lay: _Layout, n: int, dim: int, scalars) -> None:

@@ -22,6 +22,29 @@ hands it to each table's optimizer::
         dej.nnx.apply_gradients(model, emb_grads)     # tables (their own optimizers)
         return loss
 
+Habits that would silently skip the tables fail loudly instead:
+
+* plain ``nnx.value_and_grad`` / ``nnx.grad`` (or ``jax.grad``) of a loss that uses an ``Embed``
+  raises ``TypeError`` naming :func:`value_and_grad`: each ``Embed`` owns a zero scalar
+  :class:`TableGradGuard` (an ``nnx.Param`` named ``dualemb_grad_guard``, so ``wrt=nnx.Param``
+  differentiates it) whose backward rule raises; :mod:`dualemb.interop` never exchanges it; the tables' own optimizers can only be reached through the row
+  gradients this module's :func:`value_and_grad` returns.
+* ``ocp.StandardCheckpointer().save(path, nnx.state(model))`` (or a restore with such a target)
+  raises ``ValueError`` saying to use ``dualemb.jax.orbax``: a table's leaves carry keys Orbax
+  refuses (see :mod:`dualemb.jax._pytree`), because the rows are not in the state. Save and
+  restore a model like this::
+
+    import orbax.checkpoint as ocp
+    from dualemb.jax import orbax as deo
+    dense = lambda model: nnx.state(model, nnx.Not(dej.nnx.EmbeddingTable))
+    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(dense(model)),
+                                            tables=deo.TablesSave(dej.nnx.tables(model))))
+    restored = mngr.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(dense(model)),
+        tables=deo.TablesRestore(dej.nnx.tables(model))))
+    nnx.update(model, restored.state)
+    dej.nnx.set_tables(model, restored.tables)
+
 How it works: ``value_and_grad`` first traces ``loss_fn`` abstractly to learn the shape of the
 rows every ``Embed`` call returns, then differentiates ``loss_fn`` with a zero "tap" added to
 each of those rows (a differentiable input of the right shape): the tap's gradient is the
@@ -51,6 +74,37 @@ class EmbeddingTable(nnx.Variable):
     the rows live in the core, and Optax never sees them)."""
 
 
+class TableGradGuard(nnx.Param):
+    """A zero scalar each :class:`Embed` owns so that differentiating the model's parameters
+    through an ``Embed`` outside :func:`value_and_grad` raises instead of silently leaving the
+    table untrained (see the module docstring). Its value is never used; its gradient is 0."""
+
+
+_PLAIN_GRAD_ERROR = (
+    "a dualemb.jax.nnx.Embed was differentiated by nnx.value_and_grad / nnx.grad / jax.grad: "
+    "that trains the dense parameters and leaves the embedding table untouched. Use "
+    "dualemb.jax.nnx.value_and_grad(loss_fn)(model, ...) -> (loss, grads, emb_grads), then "
+    "opt.update(model, grads) and dualemb.jax.nnx.apply_gradients(model, emb_grads)")
+
+
+@jax.custom_vjp
+def _guarded(rows, guard):
+    del guard
+    return rows
+
+
+def _guarded_fwd(rows, guard):
+    del guard
+    return rows, None
+
+
+def _guarded_bwd(_, g_rows):
+    raise TypeError(_PLAIN_GRAD_ERROR)
+
+
+_guarded.defvjp(_guarded_fwd, _guarded_bwd)
+
+
 class Embed(nnx.Module):
     """Maps ids (any shape, any id form :mod:`dualemb.jax.ids` accepts) to rows
     ``ids.shape + (dim,)`` of a dynamic table.
@@ -70,11 +124,14 @@ class Embed(nnx.Module):
             raise ValueError(f"table has dim {table.dim}, Embed was given dim {dim}")
         self.dim = dim
         self.table = EmbeddingTable(table)
+        self.dualemb_grad_guard = TableGradGuard(jnp.zeros((), jnp.float32))
 
     def __call__(self, ids) -> jax.Array:
         rows = _ops.lookup(self.table.get_value(), ids)
         tape = _TAPE.get()
-        return rows if tape is None else tape.tap(self, ids, rows)
+        if tape is None:
+            return _guarded(rows, self.dualemb_grad_guard[...])
+        return tape.tap(self, ids, rows)
 
     def apply_gradients(self, ids, grads) -> None:
         """One optimizer step of the table on ``ids`` with per-row ``grads``."""
@@ -194,6 +251,27 @@ def apply_gradients(model, emb_grads: dict) -> None:
             ids = _concat_ids([e[0] for e in entries])
             g = jnp.concatenate([e[1].reshape(-1, module.dim) for e in entries])
         module.apply_gradients(ids, g)
+
+
+def tables(model) -> dict:
+    """``{path: Table}`` for every :class:`Embed` of ``model`` (paths as in
+    :func:`value_and_grad`'s ``emb_grads``), e.g. for ``dualemb.jax.orbax.TablesSave`` /
+    ``TablesRestore`` or ``dualemb.jax.save``."""
+    return {_path_key(p): m.table.get_value() for p, m in _embeds(model).items()}
+
+
+def set_tables(model, tables: dict) -> None:
+    """Puts restored table handles (``{path: Table}``, as :func:`tables` names them, e.g. what
+    ``TablesRestore`` returned) into ``model``'s :class:`Embed` modules."""
+    by_path = {_path_key(p): m for p, m in _embeds(model).items()}
+    unknown = sorted(set(tables) - set(by_path))
+    if unknown:
+        raise KeyError(f"no Embed at {unknown} in the model (it has {sorted(by_path)})")
+    for key, table in tables.items():
+        module = by_path[key]
+        if not isinstance(table, Table) or table.dim != module.dim:
+            raise ValueError(f"Embed {key!r} (dim {module.dim}) cannot take {table!r}")
+        module.table.set_value(table)
 
 
 def _concat_ids(ids_list: list) -> Any:

@@ -17,6 +17,8 @@ The item directory holds a checkpoint in dualemb's common format (``<item>/duale
 and ``dualemb.jax.load`` read it too. Restoring into live tables keeps their ids (compiled
 functions stay valid); with ``TablesRestore()`` (no targets) new tables are created and the
 saved optimizers are used (pass ``optimizers=`` for schedules or Optax transformations).
+A restore is all or nothing: every table of the item is verified (dims, dtypes, optimizers,
+checksums of every shard) before any live table is written.
 """
 
 from __future__ import annotations
@@ -44,14 +46,8 @@ class TablesCheckpointHandler(ocp.CheckpointHandler):
                 ) -> dict:
         path = str(epath.Path(directory) / SUBDIR)
         args = args or TablesRestore()
-        targets = dict(args.tables or {})
-        optimizers = dict(args.optimizers or {})
-        names = list(targets) if targets else _ck.table_names(path)
-        out = {}
-        for name in names:
-            out[name] = _ck.load(path, name, into=targets.get(name),
-                                 optimizer=optimizers.get(name))
-        return out
+        # All tables in one load: every table is verified before any live table changes.
+        return _ck.load_tables(path, into=args.tables, optimizers=args.optimizers)
 
     def metadata(self, directory: epath.Path) -> Optional[Any]:
         from dualemb.core import checkpoint as core_ckpt

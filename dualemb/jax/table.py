@@ -43,6 +43,7 @@ import numpy as np
 from dualemb.core.table import Table as CoreTable
 from dualemb.jax import _chunks
 from dualemb.jax import optimizers as _opts
+from dualemb.jax._pytree import register_table
 
 _core = None
 
@@ -77,7 +78,7 @@ def _as_handle(x):
     return x if i is None else _chunks.id_to_handle(i)
 
 
-@jax.tree_util.register_pytree_node_class
+@register_table  # keyed: pytree checkpointers refuse a table instead of losing its rows
 class Table:
     """A dynamic embedding table as seen from JAX (see the module docstring).
 

@@ -184,15 +184,12 @@ def load(obj, path, *, optimizer=None, strict=True, load_dense=True):
         _build_optimizer(obj, optimizer)
         order = manifest.get("metadata", {}).get("dense_order", {})
         assignments = _plan_dense(obj, optimizer, _ckpt.load_dense(path), order, strict, path)
-    # One checkpoint.load per distinct partitioner (all-default models load in one call, which
-    # verifies the whole checkpoint before touching any table).
-    groups: dict = {}
-    for name, var in chosen.items():
-        groups.setdefault(_partitioner_key(var), []).append(name)
+    # One checkpoint.load for every table, each with its own partitioner: it verifies the
+    # whole checkpoint before touching any table.
     result = None
-    for names in groups.values():
-        route = state.numpy_partitioner(chosen[names[0]])
-        result = _ckpt.load(path, {n: state.core_shards(chosen[n]) for n in names}, partitioner=route)
+    if chosen:
+        result = _ckpt.load(path, {n: state.core_shards(v) for n, v in chosen.items()},
+                            partitioner={n: state.numpy_partitioner(v) for n, v in chosen.items()})
     if result is None:
         result = _ckpt.Checkpoint(path=path, manifest=manifest)
     for v, value in assignments:
@@ -253,7 +250,3 @@ def _plan_dense(obj, optimizer, dense: dict, order: dict, strict: bool, where: s
                                       f"{tuple(v.shape)}, the checkpoint's has {value.shape}")
         plan.extend(pairs)
     return plan
-
-
-def _partitioner_key(var):
-    return (len(state.shard_ids(var)), var.partition_fn)

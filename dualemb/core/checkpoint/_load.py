@@ -79,6 +79,7 @@ class _Job:
         self.counts = np.zeros(num_live, np.int64)
         self.set_optimizer = []  # live shards that get the saved optimizer attached
         self.clock = max([int(s.get("clock", 0)) for s in entry["shards"]] + [0])
+        self.partitioner = _default_partitioner
 
     def close(self):
         for r in self.readers:
@@ -157,7 +158,7 @@ def _open_and_check(job: _Job, root: str) -> None:
         job.readers.append(Reader(os.path.join(root, s["file"]), s, label))
 
 
-def _verify_all(jobs: list, partitioner, pool: ThreadPoolExecutor) -> None:
+def _verify_all(jobs: list, pool: ThreadPoolExecutor) -> None:
     """Streams every tensor of every shard file through CRC-32, in segments spread over the
     pool's threads, and counts how many rows each live shard will receive."""
     local = threading.local()
@@ -182,7 +183,7 @@ def _verify_all(jobs: list, partitioner, pool: ThreadPoolExecutor) -> None:
                 counts[0] += len(keys)
             else:
                 with route_lock:  # the partitioner is user code: one call at a time
-                    sid = _route(partitioner, keys, job.num_live, job.name)
+                    sid = _route(job.partitioner, keys, job.num_live, job.name)
                 counts[:] += np.bincount(sid, minlength=job.num_live)
 
         crc = r.crc_range(tname, lo, hi, buf, on_chunk if tname == "keys" else None)
@@ -198,6 +199,19 @@ def _verify_all(jobs: list, partitioner, pool: ThreadPoolExecutor) -> None:
         for r in job.readers:
             for tname in r.entry["tensors"]:
                 r.check_crc(tname, crcs.get((id(r), tname), 0))
+
+
+def _check_distinct_live(jobs: list) -> None:
+    """Two checkpoint tables restored into the same live table would silently overwrite each
+    other (the later one wins): refuse before anything is written."""
+    owner: dict = {}
+    for job in jobs:
+        for t in job.live or ():
+            other = owner.setdefault(int(t.id), job.name)
+            if other != job.name or sum(int(s.id) == int(t.id) for s in job.live) > 1:
+                raise CheckpointError(
+                    f"live table {int(t.id)} is given more than once (for tables {other!r} and "
+                    f"{job.name!r}): each restore would overwrite the other")
 
 
 def _read_page(r: Reader, e: dict, row0: int, m: int) -> dict:
@@ -291,7 +305,9 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
         attached first, and slots are restored. Names not given here are created fresh.
       names: which saved tables to restore (default: the keys of `tables`, or all of them).
       partitioner: ``partitioner(keys, num_live_shards) -> shard index per key`` routing keys to
-        live shards (default ``np.mod(keys, n)``); must be deterministic.
+        live shards (default ``np.mod(keys, n)``); must be deterministic. A mapping name ->
+        partitioner gives each table its own (names left out get the default), so tables
+        sharded differently still load in one call, verified together.
       num_shards: live shards for each table created fresh: None gives a single Table, an int a
         list of that many Tables.
 
@@ -323,7 +339,10 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
                                    not isinstance(num_shards, (int, np.integer))
                                    or num_shards < 1):
         raise ValueError(f"num_shards must be a positive integer, got {num_shards!r}")
-    partitioner = partitioner or _default_partitioner
+    if isinstance(partitioner, Mapping):
+        partitioners = dict(partitioner)
+    else:
+        partitioners = {name: partitioner for name in selected}
 
     jobs: list[_Job] = []
     created: list = []
@@ -340,10 +359,12 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
             else:
                 n = int(num_shards or 1)
                 job = _Job(name, e, None, n, single=num_shards is None)
+            job.partitioner = partitioners.get(name) or _default_partitioner
             jobs.append(job)
             _open_and_check(job, root)
         dense = load_dense_at(root, manifest)
-        _verify_all(jobs, partitioner, pool)
+        _verify_all(jobs, pool)
+        _check_distinct_live(jobs)
         for job in jobs:
             if job.live is not None:
                 _check_live(job)
@@ -367,7 +388,7 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
                 t.clear()
                 if c:
                     t.reserve(int(c))
-            _import(job, partitioner, pool)
+            _import(job, job.partitioner, pool)
             for t in job.live:
                 if job.clock > t.clock:
                     t.clock = job.clock
