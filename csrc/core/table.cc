@@ -10,6 +10,7 @@
 
 #include "config.h"
 #include "hash.h"
+#include "memory_block.h"
 #include "thread_pool.h"
 
 namespace dualemb {
@@ -121,7 +122,6 @@ void Table::set_optimizer(const std::string& spec) {
   std::unique_ptr<Optimizer> opt;
   if (!spec.empty()) opt = make_optimizer(spec);  // throws before anything changes
   std::unique_lock<std::shared_mutex> lock(mu_);
-  ++clock_;  // a change of optimizer is a write (checkpoint saves detect it)
   int old_slots = num_slots();
   int new_slots = opt ? opt->num_slots() : 0;
   std::unique_ptr<Optimizer> old = std::move(optimizer_);
@@ -135,6 +135,7 @@ void Table::set_optimizer(const std::string& spec) {
       throw;
     }
   }
+  ++clock_;  // a change of optimizer is a write (checkpoint saves detect it)
 }
 
 void Table::init_slots(float* row) const {
@@ -150,6 +151,9 @@ void Table::init_slots(float* row) const {
 void Table::rebuild_rows(int64_t new_width) {
   // Builds every shard's new storage first, so an allocation failure changes nothing.
   int64_t shift = chunk_shift_for(new_width);
+  long double need = 0;
+  for (auto& sp : shards_) need += RowStore(new_width, shift).bytes_for(sp->rows.size());
+  check_request("adding the optimizer's slot columns", need);
   std::vector<RowStore> fresh;
   fresh.reserve(shards_.size());
   for (auto& sp : shards_) {
@@ -222,10 +226,33 @@ void Table::for_each_key(const Grouping& g, const int64_t* keys, Fn&& fn, After&
   });
 }
 
+void Table::prepare_inserts(const Grouping& g, int64_t n_rows_for_eviction) {
+  // Everything a write may allocate is allocated here, before the first row changes: index and
+  // row room for every key of the batch being new, and the eviction ranking buffer. A
+  // std::bad_alloc from here leaves the table's content as it was.
+  for (int si = 0; si < kNumShards; ++si) {
+    const int64_t after = shards_[si]->rows.size() + (g.start[si + 1] - g.start[si]);
+    if (after >= static_cast<int64_t>(KeyIndex::kEmpty))
+      throw std::length_error("a shard of this table would pass its limit of 2^32 - 1 rows");
+  }
+  for_each_shard(g, [&](int si) {
+    Shard& s = *shards_[si];
+    const int64_t after = s.rows.size() + (g.start[si + 1] - g.start[si]);
+    s.index.grow_to(after);
+    s.rows.reserve(after);
+  });
+  if (capacity_ > 0 && size_locked() + n_rows_for_eviction > capacity_)
+    evict_scratch_.reserve(size_locked() + n_rows_for_eviction);
+}
+
 int64_t Table::insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp) {
+  // Index room first, then the row, then the index entry: whichever allocation fails, no row
+  // is left without its index entry. (Batched writes have made room in prepare_inserts.)
+  const int64_t after = s.rows.size() + 1;
+  if (after >= static_cast<int64_t>(KeyIndex::kEmpty))
+    throw std::length_error("a shard of this table is full (2^32 - 1 rows)");
+  s.index.grow_to(after);
   int64_t r = s.rows.push_back();
-  if (r >= static_cast<int64_t>(KeyIndex::kEmpty))
-    throw std::length_error("a shard of this table is full (2^32 rows)");
   s.index.insert(key, h, static_cast<uint32_t>(r), r + 1);
   s.rows.meta(r).key = key;
   s.rows.meta(r).last_update = stamp;
@@ -296,9 +323,10 @@ void Table::initial_values(const int64_t* keys, int64_t n, float* values) const 
 
 int64_t Table::find_or_insert(const int64_t* keys, int64_t n, float* values, uint8_t* exists) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  const int64_t stamp = ++clock_;
   Grouping g;
   group_by_shard(keys, n, &g);
+  prepare_inserts(g, n);
+  const int64_t stamp = ++clock_;
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
     // A row stamped by this very call was inserted by an earlier duplicate of the key: it did
     // not exist before the call.
@@ -314,9 +342,10 @@ int64_t Table::find_or_insert(const int64_t* keys, int64_t n, float* values, uin
 
 int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const float* values) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  const int64_t stamp = ++clock_;
   Grouping g;
   group_by_shard(keys, n, &g);
+  prepare_inserts(g, n);
+  const int64_t stamp = ++clock_;
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
     if (r < 0) r = insert_new(s, keys[i], h, stamp);
     std::memcpy(s.rows.row(r), values + i * dim_, sizeof(float) * dim_);
@@ -328,9 +357,10 @@ int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const float* val
 
 int64_t Table::accum(const int64_t* keys, int64_t n, const float* deltas, const uint8_t* exists) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  const int64_t stamp = ++clock_;
   Grouping g;
   group_by_shard(keys, n, &g);
+  prepare_inserts(g, n);
+  const int64_t stamp = ++clock_;
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
     const float* d = deltas + i * dim_;
     if (r < 0 && !exists[i]) {
@@ -360,15 +390,19 @@ void Table::erase(const int64_t* keys, int64_t n) {
       int64_t r = s.index.find(keys[i], g.hashes[i]);
       if (r >= 0) erase_row(s, r);
     }
+    s.index.shrink_for(s.rows.size());
   });
 }
 
 void Table::clear() {
   std::unique_lock<std::shared_mutex> lock(mu_);
+  // The fresh (minimum-size) indexes are allocated first; then every chunk and index array is
+  // freed, so memory goes back to the OS and memory_bytes() drops to the empty table's.
+  std::vector<KeyIndex> fresh(shards_.size());
   ++clock_;
-  for (auto& s : shards_) {
-    s->rows.clear();
-    s->index.clear();
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    shards_[i]->rows.clear();
+    shards_[i]->index = std::move(fresh[i]);
   }
 }
 
@@ -384,8 +418,20 @@ int64_t Table::size() const {
 }
 
 void Table::reserve(int64_t n) {
+  if (n < 0) throw std::invalid_argument("reserve needs n >= 0, got " + std::to_string(n));
   std::unique_lock<std::shared_mutex> lock(mu_);
-  int64_t per_shard = n / kNumShards + n / (kNumShards * 8) + 16;
+  // Room for n keys spread over the shards by hash, with 1/8 slack for uneven shards.
+  const int64_t per_shard = n / kNumShards + n / (kNumShards * 8) + 16;
+  // The whole request is checked against the machine's memory before anything is allocated,
+  // so an absurd n fails with a message instead of the OOM killer.
+  const long double need =
+      kNumShards * (shards_[0]->rows.bytes_for(per_shard) + KeyIndex::bytes_for(per_shard));
+  check_request(("reserve(" + std::to_string(n) + ")").c_str(), need);
+  if (per_shard >= static_cast<int64_t>(KeyIndex::kEmpty))
+    throw std::length_error("reserve(" + std::to_string(n) +
+                            ") exceeds the table's limit of 2^32 - 1 rows per shard");
+  // Each shard grows by allocating first: a failure midway leaves every shard's content as it
+  // was (earlier shards merely keep their larger room).
   for (auto& s : shards_) {
     s->index.grow_to(per_shard);
     s->rows.reserve(per_shard);
@@ -397,24 +443,35 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
   std::unique_lock<std::shared_mutex> lock(mu_);
   if (!optimizer_)
     throw std::invalid_argument("apply_gradients: this table has no optimizer attached");
-  const int64_t stamp = ++clock_;
   const StepArgs args = optimizer_->prepare(lr, step);
   const Optimizer& opt = *optimizer_;
   Grouping g;
   group_by_shard(keys, n, &g);
   // Per shard: the distinct keys' rows and gradients. A gradient is read in place unless its key
-  // repeats, in which case the sum is built in `summed`.
+  // repeats, in which case the sum is built in the shard's part of `summed` (a shard has at
+  // most as many sums as keys). All of it is allocated before any row changes.
   struct Work {
     std::unique_ptr<DedupMap> dedup;
     std::vector<int64_t> rows;
     std::vector<const float*> grad;
     std::vector<int64_t> sum_at;  // offset in `summed`, or -1
-    std::vector<float> summed;
+    int64_t summed_used = 0;      // floats used of the shard's part of `summed`
   };
   std::vector<Work> work(kNumShards);
+  // Left uninitialised: only the rows of repeated keys are ever touched.
+  std::unique_ptr<float[]> summed(new float[static_cast<size_t>(std::max<int64_t>(n, 1) * dim_)]);
+  for_each_shard(g, [&](int si) {
+    const int64_t cnt = g.start[si + 1] - g.start[si];
+    Work& w = work[si];
+    w.dedup.reset(new DedupMap(cnt));
+    w.rows.reserve(cnt);
+    w.grad.reserve(cnt);
+    w.sum_at.reserve(cnt);
+  });
+  prepare_inserts(g, n);
+  const int64_t stamp = ++clock_;
   auto dedup = [&](int si, Shard& s, int64_t i, uint64_t h, int64_t r) {
     Work& w = work[si];
-    if (!w.dedup) w.dedup.reset(new DedupMap(g.start[si + 1] - g.start[si]));
     const float* gi = grads + i * dim_;
     bool fresh = false;
     const int64_t u = w.dedup->get(keys[i], h, static_cast<int64_t>(w.rows.size()), &fresh);
@@ -428,11 +485,13 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
       w.sum_at.push_back(-1);
       return;
     }
+    float* part = summed.get() + g.start[si] * dim_;
     if (w.sum_at[u] < 0) {
-      w.sum_at[u] = static_cast<int64_t>(w.summed.size());
-      w.summed.insert(w.summed.end(), w.grad[u], w.grad[u] + dim_);
+      w.sum_at[u] = w.summed_used;
+      std::memcpy(part + w.summed_used, w.grad[u], sizeof(float) * dim_);
+      w.summed_used += dim_;
     }
-    float* acc = w.summed.data() + w.sum_at[u];
+    float* acc = part + w.sum_at[u];
     for (int64_t j = 0; j < dim_; ++j) acc[j] += gi[j];
   };
   // Applied per shard right after its gradients are summed: its rows, prefetched while probing,
@@ -440,9 +499,10 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
   auto update = [&](int si) {
     Shard& s = *shards_[si];
     Work& w = work[si];
+    const float* part = summed.get() + g.start[si] * dim_;
     for (size_t u = 0; u < w.rows.size(); ++u) {
       float* row = s.rows.row(w.rows[u]);
-      const float* gu = w.sum_at[u] < 0 ? w.grad[u] : w.summed.data() + w.sum_at[u];
+      const float* gu = w.sum_at[u] < 0 ? w.grad[u] : part + w.sum_at[u];
       opt.apply(row, row + dim_, gu, dim_, args);
       s.rows.meta(w.rows[u]).last_update = stamp;
       bump_count(s.rows.meta(w.rows[u]).count);
@@ -462,10 +522,29 @@ int64_t Table::enforce_capacity() {
 
 int64_t Table::restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys,
                         const float* scores, int64_t n) {
+  if (by == RestrictBy::kCustom) {
+    // NaN has no place in a ranking (every comparison with it is false), so it is refused
+    // rather than given an arbitrary rank.
+    for (int64_t i = 0; i < n; ++i)
+      if (std::isnan(scores[i]))
+        throw std::invalid_argument("the score of key " + std::to_string(keys[i]) +
+                                    " (position " + std::to_string(i) +
+                                    ") is NaN; scores must be numbers (+-inf allowed)");
+  }
   std::unique_lock<std::shared_mutex> lock(mu_);
+  const int64_t removed = restrict_locked(num_reserved, by, keys, scores, n);
   ++clock_;
-  return restrict_locked(num_reserved, by, keys, scores, n);
+  return removed;
 }
+
+namespace {
+// A key's rank in restrict: higher score first, then the smaller key, so every key has a
+// distinct rank and exactly num_reserved keys are kept, whatever the ties.
+using Ranked = Table::Ranked;
+inline bool ranks_before(const Ranked& a, const Ranked& b) {
+  return a.score > b.score || (a.score == b.score && a.key < b.key);
+}
+}  // namespace
 
 int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_t* keys,
                                const float* scores, int64_t n) {
@@ -474,7 +553,7 @@ int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_
   std::unordered_map<int64_t, float> custom;
   if (by == RestrictBy::kCustom) {
     custom.reserve(n);
-    for (int64_t i = 0; i < n; ++i) custom[keys[i]] = scores[i];
+    for (int64_t i = 0; i < n; ++i) custom[keys[i]] = scores[i];  // the last of duplicates wins
   }
   auto score = [&](const Shard& s, int64_t r) -> double {
     switch (by) {
@@ -487,37 +566,32 @@ int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_
     }
     return 0.0;
   };
-  // Threshold = the num_reserved-th highest score; ties at the threshold are kept in table
-  // order until exactly num_reserved keys remain.
-  double kth = std::numeric_limits<double>::infinity();
-  int64_t keep_ties = 0;
-  if (num_reserved > 0) {
-    std::vector<double> all;
+  // The num_reserved-th best (score, key); a row is kept iff it ranks at or before it. All
+  // allocation happens here, before the first row is erased.
+  Ranked kth{std::numeric_limits<double>::infinity(), std::numeric_limits<int64_t>::min()};
+  const bool keep_none = num_reserved == 0;
+  if (!keep_none) {
+    std::vector<Ranked>& all = evict_scratch_;
+    all.clear();
     all.reserve(total);
     for (const auto& s : shards_)
-      for (int64_t r = 0; r < s->rows.size(); ++r) all.push_back(score(*s, r));
-    std::nth_element(all.begin(), all.begin() + (num_reserved - 1), all.end(),
-                     std::greater<double>());
+      for (int64_t r = 0; r < s->rows.size(); ++r) all.push_back({score(*s, r), s->rows.meta(r).key});
+    std::nth_element(all.begin(), all.begin() + (num_reserved - 1), all.end(), ranks_before);
     kth = all[num_reserved - 1];
-    int64_t greater = 0;
-    for (double v : all) greater += v > kth;
-    keep_ties = num_reserved - greater;
+    // Give a large ranking buffer back; keep a small one for the next capacity write.
+    if (all.capacity() > (size_t(1) << 16)) std::vector<Ranked>().swap(all);
   }
   int64_t removed = 0;
   for (auto& sp : shards_) {
     Shard& s = *sp;
-    std::vector<uint8_t> keep(s.rows.size());
-    for (int64_t r = 0; r < s.rows.size(); ++r) {
-      double v = score(s, r);
-      keep[r] = v > kth || (v == kth && keep_ties > 0 && keep_ties--);
-    }
     // Walk backwards: erase_row moves the last row (already decided: kept) into the hole.
     for (int64_t r = s.rows.size() - 1; r >= 0; --r) {
-      if (!keep[r]) {
+      if (keep_none || ranks_before(kth, Ranked{score(s, r), s.rows.meta(r).key})) {
         erase_row(s, r);
         ++removed;
       }
     }
+    s.index.shrink_for(s.rows.size());
   }
   return removed;
 }
@@ -567,9 +641,10 @@ int64_t Table::import_rows(const int64_t* keys, int64_t n, const float* values,
   std::unique_lock<std::shared_mutex> lock(mu_);
   const int64_t ns = num_slots();
   check_slot_count(slots_given, static_cast<int>(ns));
-  const int64_t stamp = ++clock_;
   Grouping g;
   group_by_shard(keys, n, &g);
+  prepare_inserts(g, n);
+  const int64_t stamp = ++clock_;
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
     if (r < 0) r = insert_new(s, keys[i], h, stamp);
     float* row = s.rows.row(r);
