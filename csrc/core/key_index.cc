@@ -34,11 +34,10 @@ void KeyIndex::reset(uint64_t cap) {
   mask_ = cap - 1;
 }
 
-void KeyIndex::rehash(uint64_t cap) {
-  Block fresh(cap * sizeof(Slot));  // may throw: nothing has changed yet
-  Slot* s = reinterpret_cast<Slot*>(fresh.data());
-  for (uint64_t i = 0; i < cap; ++i) s[i] = Slot{0, kEmpty};
+void KeyIndex::rehash_into(uint64_t cap, KeyIndex* dst) const {
+  dst->reset(cap);  // may throw: nothing else has changed yet
   const uint64_t new_mask = cap - 1;
+  Slot* s = dst->slots_;
   for (uint64_t j = 0; j <= mask_; ++j) {
     const Slot& old = slots_[j];
     if (old.row == kEmpty) continue;
@@ -46,9 +45,18 @@ void KeyIndex::rehash(uint64_t cap) {
     while (s[i].row != kEmpty) i = (i + 1) & new_mask;
     s[i] = old;
   }
-  block_ = std::move(fresh);
-  slots_ = s;
-  mask_ = new_mask;
+}
+
+void KeyIndex::rehash(uint64_t cap) {
+  KeyIndex fresh{NoArray{}};
+  rehash_into(cap, &fresh);
+  *this = std::move(fresh);
+}
+
+KeyIndex KeyIndex::grown_copy(int64_t n) const {
+  KeyIndex fresh{NoArray{}};
+  rehash_into(capacity_for(n), &fresh);
+  return fresh;
 }
 
 void KeyIndex::grow_to(int64_t n) {

@@ -19,6 +19,8 @@ class KeyIndex {
   static constexpr uint64_t kMinCapacity = 16;
 
   KeyIndex() { reset(kMinCapacity); }
+  KeyIndex(KeyIndex&&) noexcept = default;
+  KeyIndex& operator=(KeyIndex&&) noexcept = default;
 
   // Row of `key` (whose hash is h), or -1.
   int64_t find(int64_t key, uint64_t h) const {
@@ -45,6 +47,10 @@ class KeyIndex {
   void erase(int64_t key, uint64_t h);
   // Makes room for n keys under 3/4 load (never shrinks). Throws std::bad_alloc, unchanged.
   void grow_to(int64_t n);
+  // Whether n keys need a larger array, and a copy of this index with room for them (for
+  // callers that must allocate several indexes before committing any).
+  bool needs_growth(int64_t n) const { return capacity_for(n) > mask_ + 1; }
+  KeyIndex grown_copy(int64_t n) const;
   // After erasures: rebuilds smaller when fewer than 1/8 of the slots are used by the `n` keys,
   // so an emptied shard gives its index memory back. Optional: an allocation failure keeps the
   // current array.
@@ -72,6 +78,10 @@ class KeyIndex {
     while (slots_[i].row != kEmpty) i = (i + 1) & mask_;
     slots_[i] = Slot{key, row};
   }
+  struct NoArray {};
+  explicit KeyIndex(NoArray) {}
+  // Fills `dst` (fresh array of `cap` slots) with this index's entries.
+  void rehash_into(uint64_t cap, KeyIndex* dst) const;
   // Rehashes into a fresh array of `cap` slots (allocated before anything changes).
   void rehash(uint64_t cap);
   void reset(uint64_t cap);

@@ -34,6 +34,7 @@ class RowStore {
         stride_(sizeof(RowMeta) + ((sizeof(float) * width + 7) & ~size_t(7))) {}
 
   int64_t size() const { return size_; }
+  int64_t capacity() const { return static_cast<int64_t>(chunks_.size()) << shift_; }
   int64_t width() const { return width_; }
 
   float* row(int64_t i) { return reinterpret_cast<float*>(at(i) + sizeof(RowMeta)); }
@@ -71,14 +72,24 @@ class RowStore {
   // Makes room for n rows: all missing chunks are allocated first, then adopted, so a failure
   // changes nothing.
   void reserve(int64_t n) {
+    std::vector<Block> fresh = chunks_for(n);
+    adopt(fresh);
+  }
+  // The chunks missing for n rows, allocated but not yet adopted (also makes room for them in
+  // the chunk table, so adopt cannot fail). Throws std::bad_alloc with the store unchanged.
+  std::vector<Block> chunks_for(int64_t n) {
     const int64_t have = static_cast<int64_t>(chunks_.size());
     const int64_t need = (n + mask()) >> shift_;
-    if (need <= have) return;
     std::vector<Block> fresh;
+    if (need <= have) return fresh;
     fresh.reserve(need - have);
     for (int64_t c = have; c < need; ++c) fresh.emplace_back(chunk_bytes());
     chunks_.reserve(need);
-    for (Block& b : fresh) chunks_.push_back(std::move(b));
+    return fresh;
+  }
+  void adopt(std::vector<Block>& fresh) noexcept {
+    for (Block& b : fresh) chunks_.push_back(std::move(b));  // capacity reserved: no throw
+    fresh.clear();
   }
   // Bytes of memory held (chunks, whole pages, and the chunk table).
   size_t bytes() const {

@@ -226,23 +226,48 @@ void Table::for_each_key(const Grouping& g, const int64_t* keys, Fn&& fn, After&
   });
 }
 
+void Table::grow_shards(const int64_t* rows_after) {
+  // Phase 1 allocates every shard's larger index and missing chunks (shards in parallel);
+  // phase 2 adopts them and cannot fail. A std::bad_alloc in phase 1 frees what it allocated
+  // and leaves every shard as it was.
+  struct Growth {
+    std::unique_ptr<KeyIndex> index;
+    std::vector<Block> chunks;
+  };
+  bool any = false;
+  for (int si = 0; si < kNumShards && !any; ++si) {
+    const Shard& s = *shards_[si];
+    any = s.index.needs_growth(rows_after[si]) || rows_after[si] > s.rows.capacity();
+  }
+  if (!any) return;
+  std::vector<Growth> plan(kNumShards);
+  parallel_for(kNumShards, threads(), [&](int64_t si) {
+    Shard& s = *shards_[si];
+    if (s.index.needs_growth(rows_after[si]))
+      plan[si].index.reset(new KeyIndex(s.index.grown_copy(rows_after[si])));
+    plan[si].chunks = s.rows.chunks_for(rows_after[si]);
+  });
+  for (int si = 0; si < kNumShards; ++si) {
+    Shard& s = *shards_[si];
+    if (plan[si].index) s.index = std::move(*plan[si].index);
+    s.rows.adopt(plan[si].chunks);
+  }
+}
+
 void Table::prepare_inserts(const Grouping& g, int64_t n_rows_for_eviction) {
   // Everything a write may allocate is allocated here, before the first row changes: index and
   // row room for every key of the batch being new, and the eviction ranking buffer. A
-  // std::bad_alloc from here leaves the table's content as it was.
+  // std::bad_alloc from here leaves the table as it was.
+  int64_t after[kNumShards];
   for (int si = 0; si < kNumShards; ++si) {
-    const int64_t after = shards_[si]->rows.size() + (g.start[si + 1] - g.start[si]);
-    if (after >= static_cast<int64_t>(KeyIndex::kEmpty))
+    after[si] = shards_[si]->rows.size() + (g.start[si + 1] - g.start[si]);
+    if (after[si] >= static_cast<int64_t>(KeyIndex::kEmpty))
       throw std::length_error("a shard of this table would pass its limit of 2^32 - 1 rows");
   }
-  for_each_shard(g, [&](int si) {
-    Shard& s = *shards_[si];
-    const int64_t after = s.rows.size() + (g.start[si + 1] - g.start[si]);
-    s.index.grow_to(after);
-    s.rows.reserve(after);
-  });
-  if (capacity_ > 0 && size_locked() + n_rows_for_eviction > capacity_)
-    evict_scratch_.reserve(size_locked() + n_rows_for_eviction);
+  const int64_t size = size_locked();
+  if (capacity_ > 0 && size + n_rows_for_eviction > capacity_)
+    evict_scratch_.reserve(size + n_rows_for_eviction);
+  grow_shards(after);
 }
 
 int64_t Table::insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp) {
@@ -430,12 +455,9 @@ void Table::reserve(int64_t n) {
   if (per_shard >= static_cast<int64_t>(KeyIndex::kEmpty))
     throw std::length_error("reserve(" + std::to_string(n) +
                             ") exceeds the table's limit of 2^32 - 1 rows per shard");
-  // Each shard grows by allocating first: a failure midway leaves every shard's content as it
-  // was (earlier shards merely keep their larger room).
-  for (auto& s : shards_) {
-    s->index.grow_to(per_shard);
-    s->rows.reserve(per_shard);
-  }
+  int64_t after[kNumShards];
+  for (int si = 0; si < kNumShards; ++si) after[si] = per_shard;
+  grow_shards(after);  // allocates everything before adopting anything
 }
 
 int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grads, float lr,

@@ -97,6 +97,8 @@ class Table {
     for_each_key(g, keys, fn, [](int) {});
   }
 
+  // Gives shard i room for rows_after[i] rows, all or nothing.
+  void grow_shards(const int64_t* rows_after);
   // Allocates all a write of the grouped keys may need (see table.cc), before it changes rows.
   void prepare_inserts(const Grouping& g, int64_t n_rows_for_eviction);
   // Inserts a new row for key (hash h) in shard s with its initial value and slots.
