@@ -95,6 +95,8 @@ const char* de_version(void) { return "0.1.0"; }
 int de_table_create(int64_t id, const char* config, int64_t* out_id) {
   return guarded("create table", [&] {
     if (!config) throw std::invalid_argument("config is null");
+    // A drawn id reaches the caller only through out_id; without it the table would be lost.
+    if (id == 0 && !out_id) throw std::invalid_argument("out_id pointer is null (id 0 draws one)");
     int64_t got = dualemb::create_table(id, config);
     if (out_id) *out_id = got;
   });
