@@ -29,16 +29,19 @@ int parse_key_dtype(const std::string& s) {
   throw std::invalid_argument("unsupported key_dtype '" + s + "' (supported: int64, int32)");
 }
 
-// Small open-addressing map from key to a dense index, for summing duplicate gradients.
+// Small open-addressing map from key to a dense index, for summing duplicate gradients. The
+// constructor only allocates; init() (which cannot fail) clears it right before use, while the
+// shard's keys are being probed, so it is in cache then.
 class DedupMap {
  public:
   explicit DedupMap(int64_t n) {
     uint64_t cap = 16;
     while (cap < static_cast<uint64_t>(n) * 2) cap <<= 1;
-    keys_.resize(cap);
-    ids_.assign(cap, -1);
+    keys_.reset(new int64_t[cap]);
+    ids_.reset(new int64_t[cap]);
     mask_ = cap - 1;
   }
+  void init() { std::fill(ids_.get(), ids_.get() + mask_ + 1, int64_t(-1)); }
   // Returns the dense index of key, and whether it was new.
   int64_t get(int64_t key, uint64_t h, int64_t next, bool* inserted) {
     for (uint64_t i = (h >> 17) & mask_;; i = (i + 1) & mask_) {
@@ -56,8 +59,8 @@ class DedupMap {
   }
 
  private:
-  std::vector<int64_t> keys_;
-  std::vector<int64_t> ids_;
+  std::unique_ptr<int64_t[]> keys_;
+  std::unique_ptr<int64_t[]> ids_;
   uint64_t mask_;
 };
 
@@ -470,18 +473,17 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
   Grouping g;
   group_by_shard(keys, n, &g);
   // Per shard: the distinct keys' rows and gradients. A gradient is read in place unless its key
-  // repeats, in which case the sum is built in the shard's part of `summed` (a shard has at
-  // most as many sums as keys). All of it is allocated before any row changes.
+  // repeats, in which case the sum is built in `summed` (reserved for as many sums as the shard
+  // has keys, so it never reallocates). All of it is allocated before any row changes.
   struct Work {
     std::unique_ptr<DedupMap> dedup;
     std::vector<int64_t> rows;
     std::vector<const float*> grad;
     std::vector<int64_t> sum_at;  // offset in `summed`, or -1
-    int64_t summed_used = 0;      // floats used of the shard's part of `summed`
+    std::vector<float> summed;
+    bool ready = false;           // dedup initialised
   };
   std::vector<Work> work(kNumShards);
-  // Left uninitialised: only the rows of repeated keys are ever touched.
-  std::unique_ptr<float[]> summed(new float[static_cast<size_t>(std::max<int64_t>(n, 1) * dim_)]);
   for_each_shard(g, [&](int si) {
     const int64_t cnt = g.start[si + 1] - g.start[si];
     Work& w = work[si];
@@ -489,11 +491,16 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
     w.rows.reserve(cnt);
     w.grad.reserve(cnt);
     w.sum_at.reserve(cnt);
+    w.summed.reserve(static_cast<size_t>(cnt) * dim_);  // untouched until a key repeats
   });
   prepare_inserts(g, n);
   const int64_t stamp = ++clock_;
   auto dedup = [&](int si, Shard& s, int64_t i, uint64_t h, int64_t r) {
     Work& w = work[si];
+    if (!w.ready) {
+      w.dedup->init();
+      w.ready = true;
+    }
     const float* gi = grads + i * dim_;
     bool fresh = false;
     const int64_t u = w.dedup->get(keys[i], h, static_cast<int64_t>(w.rows.size()), &fresh);
@@ -507,13 +514,11 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
       w.sum_at.push_back(-1);
       return;
     }
-    float* part = summed.get() + g.start[si] * dim_;
     if (w.sum_at[u] < 0) {
-      w.sum_at[u] = w.summed_used;
-      std::memcpy(part + w.summed_used, w.grad[u], sizeof(float) * dim_);
-      w.summed_used += dim_;
+      w.sum_at[u] = static_cast<int64_t>(w.summed.size());
+      w.summed.insert(w.summed.end(), w.grad[u], w.grad[u] + dim_);  // within capacity
     }
-    float* acc = part + w.sum_at[u];
+    float* acc = w.summed.data() + w.sum_at[u];
     for (int64_t j = 0; j < dim_; ++j) acc[j] += gi[j];
   };
   // Applied per shard right after its gradients are summed: its rows, prefetched while probing,
@@ -521,10 +526,9 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
   auto update = [&](int si) {
     Shard& s = *shards_[si];
     Work& w = work[si];
-    const float* part = summed.get() + g.start[si] * dim_;
     for (size_t u = 0; u < w.rows.size(); ++u) {
       float* row = s.rows.row(w.rows[u]);
-      const float* gu = w.sum_at[u] < 0 ? w.grad[u] : part + w.sum_at[u];
+      const float* gu = w.sum_at[u] < 0 ? w.grad[u] : w.summed.data() + w.sum_at[u];
       opt.apply(row, row + dim_, gu, dim_, args);
       s.rows.meta(w.rows[u]).last_update = stamp;
       bump_count(s.rows.meta(w.rows[u]).count);

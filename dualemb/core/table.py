@@ -69,7 +69,8 @@ class Table:
       optimizer: optional ``dualemb.core.optimizers`` spec (dict or "name=...;..." string); its
         slots are stored beside every row.
       capacity: if > 0, writes that grow the table past it evict keys by ``evict_policy``
-        ("recency" or "frequency") and report how many.
+        ("recency" or "frequency"; equal scores keep the smaller keys) and report how many in
+        ``last_evicted`` (the int-returning writes also return it).
       num_threads: threads a batched call may use (0 = all cores).
       table_id: attach to (or create under) this id; 0 draws a fresh random id.
     """
@@ -126,8 +127,7 @@ class Table:
 
     @property
     def last_evicted(self) -> int:
-        """Keys a capacity limit evicted during the last write this thread made through this
-        handle (0 before any)."""
+        """Keys evicted by the capacity in this thread's last write through this handle (or 0)."""
         return getattr(self._evicted, "count", 0)
 
     # ---- description -------------------------------------------------------------------------
@@ -216,7 +216,8 @@ class Table:
         return values, exists.view(bool)
 
     def find_or_insert(self, keys) -> tuple[np.ndarray, np.ndarray]:
-        """Like find, but missing keys are inserted with their initializer row."""
+        """Like find, but missing keys are inserted with their initializer row. The keys a
+        capacity evicted are in ``last_evicted`` (this returns the rows and exists flags)."""
         k = self._keys(keys)
         values = np.empty(k.shape + (self._dim,), np.float32)
         exists = np.empty(k.shape, np.uint8)
