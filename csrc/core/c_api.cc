@@ -8,6 +8,7 @@
 
 #include "dualemb_core.h"
 #include "config.h"
+#include "memory_block.h"
 #include "registry.h"
 
 using dualemb::Table;
@@ -15,18 +16,32 @@ using dualemb::Table;
 namespace {
 
 thread_local std::string g_last_error;
+thread_local int g_last_error_kind = DE_ERROR_NONE;
 
 template <class Fn>
 int guarded(const char* what, Fn&& fn) {
   try {
     fn();
     return 0;
+  } catch (const std::bad_alloc& e) {
+    // dualemb::OutOfMemory names the size; a plain std::bad_alloc says only "std::bad_alloc".
+    g_last_error = std::string(what) + ": " +
+                   (dynamic_cast<const dualemb::OutOfMemory*>(&e) ? e.what() : "out of memory");
+    g_last_error_kind = DE_ERROR_NO_MEMORY;
+    return -1;
   } catch (const std::exception& e) {
     g_last_error = std::string(what) + ": " + e.what();
   } catch (...) {
     g_last_error = std::string(what) + ": unknown error";
   }
+  g_last_error_kind = DE_ERROR_OTHER;
   return -1;
+}
+
+// Every output pointer a function cannot do without is checked, so a NULL is an error, never a
+// crash.
+void require_out(const void* p, const char* name) {
+  if (p == nullptr) throw std::invalid_argument(std::string(name) + " pointer is null");
 }
 
 const char* dtype_name(int32_t d) { return d == DE_KEY_INT64 ? "int64" : d == DE_KEY_INT32 ? "int32" : "unknown"; }
@@ -75,11 +90,14 @@ int copy_out(const std::string& s, char* buf, size_t buflen, size_t* needed) {
 extern "C" {
 
 const char* de_last_error(void) { return g_last_error.c_str(); }
+int de_last_error_kind(void) { return g_last_error_kind; }
 const char* de_version(void) { return DUALEMB_VERSION; }  // from dualemb/__init__.py (CMake)
 
 int de_table_create(int64_t id, const char* config, int64_t* out_id) {
   return guarded("create table", [&] {
     if (!config) throw std::invalid_argument("config is null");
+    // A drawn id reaches the caller only through out_id; without it the table would be lost.
+    if (id == 0 && !out_id) throw std::invalid_argument("out_id pointer is null (id 0 draws one)");
     int64_t got = dualemb::create_table(id, config);
     if (out_id) *out_id = got;
   });
@@ -192,7 +210,8 @@ int de_clear(int64_t id) {
 }
 
 int de_size(int64_t id, int64_t* out) {
-  return guarded("size", [&] { *out = dualemb::get_table(id)->size(); });
+  return guarded("size", [&] {
+    require_out(out, "out"); *out = dualemb::get_table(id)->size(); });
 }
 
 int de_reserve(int64_t id, int64_t n) {
@@ -276,7 +295,8 @@ int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const 
 }
 
 int de_get_clock(int64_t id, int64_t* out) {
-  return guarded("clock", [&] { *out = dualemb::get_table(id)->clock(); });
+  return guarded("clock", [&] {
+    require_out(out, "out"); *out = dualemb::get_table(id)->clock(); });
 }
 
 int de_set_clock(int64_t id, int64_t clock) {
@@ -284,11 +304,13 @@ int de_set_clock(int64_t id, int64_t clock) {
 }
 
 int de_evicted_total(int64_t id, int64_t* out) {
-  return guarded("evicted total", [&] { *out = dualemb::get_table(id)->evicted_total(); });
+  return guarded("evicted total", [&] {
+    require_out(out, "out"); *out = dualemb::get_table(id)->evicted_total(); });
 }
 
 int de_memory_bytes(int64_t id, int64_t* out) {
   return guarded("memory bytes", [&] {
+    require_out(out, "out");
     *out = static_cast<int64_t>(dualemb::get_table(id)->memory_bytes());
   });
 }

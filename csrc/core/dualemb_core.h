@@ -12,6 +12,10 @@
 //    must equal the table's key dtype. Values are float32, row-major [n, dim].
 //  * Slots (optimizer state) are stored beside each row; exported/imported as [n, num_slots, dim].
 //  * Writes that may insert report in *evicted how many keys a capacity limit evicted (may be NULL).
+//    An eviction keeps the `capacity` best keys by the table's evict_policy score, ties broken
+//    by the smaller key (so a batch larger than the capacity keeps a defined subset).
+//  * An output pointer marked "may be NULL" is optional; every other one must be non-NULL, and
+//    a NULL there is an error, not a crash.
 #ifndef DUALEMB_CORE_H_
 #define DUALEMB_CORE_H_
 
@@ -26,8 +30,14 @@ extern "C" {
 
 enum { DE_KEY_INT64 = 0, DE_KEY_INT32 = 1 };
 enum { DE_RESTRICT_RECENCY = 0, DE_RESTRICT_FREQUENCY = 1, DE_RESTRICT_CUSTOM = 2 };
+// What kind of error the last failed call on this thread had (de_last_error_kind).
+enum { DE_ERROR_NONE = 0, DE_ERROR_OTHER = 1, DE_ERROR_NO_MEMORY = 2 };
 
 DE_API const char* de_last_error(void);
+// DE_ERROR_NO_MEMORY: an allocation failed, or a request (e.g. reserve) was refused up front
+// because it needs more than the machine's memory; the message names the size. The table is
+// unchanged either way. DE_ERROR_OTHER: anything else (bad argument, unknown table, ...).
+DE_API int de_last_error_kind(void);
 DE_API const char* de_version(void);
 
 // Specs are JSON objects (UTF-8 text; see docs/checkpoint_format.md §specs). Types are checked:
@@ -79,6 +89,9 @@ DE_API int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
 DE_API int de_erase(int64_t id, int32_t key_dtype, const void* keys, int64_t n);
 DE_API int de_clear(int64_t id);
 DE_API int de_size(int64_t id, int64_t* out);
+// Makes room for n keys. A request needing more than the machine's memory (physical RAM, or the
+// cgroup limit if lower) fails with DE_ERROR_NO_MEMORY before allocating; any failure leaves
+// the table's content unchanged.
 DE_API int de_reserve(int64_t id, int64_t n);
 // Fused sparse optimizer step. Gradients of duplicate keys are summed first; missing keys are
 // inserted with their initializer row (and initial slots) and then updated. `step` is the
@@ -87,7 +100,9 @@ DE_API int de_apply_gradients(int64_t id, int32_t key_dtype, const void* keys, i
                               const float* grads, float lr, int64_t step, int64_t* evicted);
 // Keep the `num_reserved` keys with the highest score, erase the rest (with their slots).
 // policy RECENCY scores by last update, FREQUENCY by update count, CUSTOM by `scores` given
-// for `keys` (keys not listed score lowest). *removed receives how many keys were erased.
+// for `keys` (keys not listed score -inf; the last score of a repeated key counts; a NaN score
+// is refused, changing nothing). Equal scores rank the smaller key first, so exactly
+// min(num_reserved, size) keys remain. *removed (may be NULL) receives how many were erased.
 DE_API int de_restrict(int64_t id, int64_t num_reserved, int32_t policy, int32_t key_dtype,
                        const void* keys, const float* scores, int64_t n, int64_t* removed);
 // Paged export: rows [offset, offset+limit) of the table's iteration order (stable while the
@@ -108,7 +123,9 @@ DE_API int de_get_clock(int64_t id, int64_t* out);
 DE_API int de_set_clock(int64_t id, int64_t clock);
 // Total keys evicted by the capacity limit since creation.
 DE_API int de_evicted_total(int64_t id, int64_t* out);
-// Bytes of memory the table's rows, slots, metadata and index occupy.
+// Bytes of memory the table's rows, slots, metadata and index occupy. clear() and erasing give
+// memory back to the OS at once (row chunks are freed as they empty, keeping one spare chunk
+// per shard; a shard's index shrinks when under 1/8 full), and this count falls with it.
 DE_API int de_memory_bytes(int64_t id, int64_t* out);
 // Initializer rows for keys, without touching any table (pure function of seed and key).
 DE_API int de_initial_values(int64_t id, int32_t key_dtype, const void* keys, int64_t n,

@@ -1,5 +1,8 @@
 #include "key_index.h"
 
+#include <new>
+#include <utility>
+
 #include "hash.h"
 
 namespace dualemb {
@@ -22,16 +25,53 @@ void KeyIndex::erase(int64_t key, uint64_t h) {
   slots_[hole].row = kEmpty;
 }
 
-void KeyIndex::grow_to(int64_t n) {
-  uint64_t cap = 16;
-  while (cap * 3 < static_cast<uint64_t>(n) * 4) cap <<= 1;
-  if (cap <= mask_ + 1) return;
-  std::vector<Slot> old;
-  old.swap(slots_);
-  slots_.assign(cap, Slot{0, kEmpty});
+void KeyIndex::reset(uint64_t cap) {
+  Block fresh(cap * sizeof(Slot));  // may throw: nothing has changed yet
+  Slot* s = reinterpret_cast<Slot*>(fresh.data());
+  for (uint64_t i = 0; i < cap; ++i) s[i] = Slot{0, kEmpty};
+  block_ = std::move(fresh);
+  slots_ = s;
   mask_ = cap - 1;
-  for (const Slot& s : old)
-    if (s.row != kEmpty) place(s.key, hash_key(s.key), s.row);
+}
+
+void KeyIndex::rehash_into(uint64_t cap, KeyIndex* dst) const {
+  dst->reset(cap);  // may throw: nothing else has changed yet
+  const uint64_t new_mask = cap - 1;
+  Slot* s = dst->slots_;
+  for (uint64_t j = 0; j <= mask_; ++j) {
+    const Slot& old = slots_[j];
+    if (old.row == kEmpty) continue;
+    uint64_t i = hash_key(old.key) & new_mask;
+    while (s[i].row != kEmpty) i = (i + 1) & new_mask;
+    s[i] = old;
+  }
+}
+
+void KeyIndex::rehash(uint64_t cap) {
+  KeyIndex fresh{NoArray{}};
+  rehash_into(cap, &fresh);
+  *this = std::move(fresh);
+}
+
+KeyIndex KeyIndex::grown_copy(int64_t n) const {
+  KeyIndex fresh{NoArray{}};
+  rehash_into(capacity_for(n), &fresh);
+  return fresh;
+}
+
+void KeyIndex::grow_to(int64_t n) {
+  uint64_t cap = capacity_for(n);
+  if (cap > mask_ + 1) rehash(cap);
+}
+
+void KeyIndex::shrink_for(int64_t n) noexcept {
+  const uint64_t cap = mask_ + 1;
+  if (cap <= kMinCapacity || static_cast<uint64_t>(n) * 8 >= cap) return;
+  try {
+    rehash(capacity_for(n));
+  } catch (const std::bad_alloc&) {
+    // Keeping the larger array is always correct; shrinking only saves memory.
+  }
 }
 
 }  // namespace dualemb

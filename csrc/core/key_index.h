@@ -1,19 +1,26 @@
 // key_index.h — open-addressing (linear probing) index from key to row number, for one shard.
 // Deletion shifts entries back instead of leaving tombstones, so probes stay short under churn.
+//
+// Every resize allocates and fills the new array before the old one is dropped, so a failed
+// allocation (std::bad_alloc) leaves the index exactly as it was.
 #ifndef DUALEMB_KEY_INDEX_H_
 #define DUALEMB_KEY_INDEX_H_
 
-#include <cstdint>
 #include <cstddef>
-#include <vector>
+#include <cstdint>
+
+#include "memory_block.h"
 
 namespace dualemb {
 
 class KeyIndex {
  public:
   static constexpr uint32_t kEmpty = 0xFFFFFFFFu;
+  static constexpr uint64_t kMinCapacity = 16;
 
-  KeyIndex() { slots_.assign(16, Slot{0, kEmpty}); mask_ = 15; }
+  KeyIndex() { reset(kMinCapacity); }
+  KeyIndex(KeyIndex&&) noexcept = default;
+  KeyIndex& operator=(KeyIndex&&) noexcept = default;
 
   // Row of `key` (whose hash is h), or -1.
   int64_t find(int64_t key, uint64_t h) const {
@@ -38,25 +45,50 @@ class KeyIndex {
   }
   // Removes `key` (present).
   void erase(int64_t key, uint64_t h);
-  // Rebuilds with room for n keys under 3/4 load; `key_hash(row)` is not needed since slots keep
-  // their keys.
+  // Makes room for n keys under 3/4 load (never shrinks). Throws std::bad_alloc, unchanged.
   void grow_to(int64_t n);
-  void clear() { slots_.assign(16, Slot{0, kEmpty}); mask_ = 15; }
-  size_t bytes() const { return slots_.size() * sizeof(Slot); }
+  // Whether n keys need a larger array, and a copy of this index with room for them (for
+  // callers that must allocate several indexes before committing any).
+  bool needs_growth(int64_t n) const { return capacity_for(n) > mask_ + 1; }
+  KeyIndex grown_copy(int64_t n) const;
+  // After erasures: rebuilds smaller when fewer than 1/8 of the slots are used by the `n` keys,
+  // so an emptied shard gives its index memory back. Optional: an allocation failure keeps the
+  // current array.
+  void shrink_for(int64_t n) noexcept;
+  // Drops every key and the array (back to the minimum). Throws std::bad_alloc, unchanged.
+  void clear() { reset(kMinCapacity); }
+  size_t bytes() const { return block_.footprint(); }
+  // Bytes an index for n keys would take (for up-front size checks).
+  static long double bytes_for(int64_t n) {
+    return static_cast<long double>(capacity_for(n)) * sizeof(Slot);
+  }
 
  private:
   struct Slot {
     int64_t key;
     uint32_t row;
   };
+  static uint64_t capacity_for(int64_t n) {
+    uint64_t cap = kMinCapacity;
+    while (cap * 3 < static_cast<uint64_t>(n) * 4) cap <<= 1;
+    return cap;
+  }
   void place(int64_t key, uint64_t h, uint32_t row) {
     uint64_t i = h & mask_;
     while (slots_[i].row != kEmpty) i = (i + 1) & mask_;
     slots_[i] = Slot{key, row};
   }
+  struct NoArray {};
+  explicit KeyIndex(NoArray) {}
+  // Fills `dst` (fresh array of `cap` slots) with this index's entries.
+  void rehash_into(uint64_t cap, KeyIndex* dst) const;
+  // Rehashes into a fresh array of `cap` slots (allocated before anything changes).
+  void rehash(uint64_t cap);
+  void reset(uint64_t cap);
 
-  std::vector<Slot> slots_;
-  uint64_t mask_;
+  Block block_;
+  Slot* slots_ = nullptr;
+  uint64_t mask_ = 0;
 };
 
 }  // namespace dualemb

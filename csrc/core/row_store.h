@@ -3,13 +3,18 @@
 // Row i holds its RowMeta (key, last update, count) then [value (dim) | slots (num_slots * dim)]. Rows stay dense
 // (erase moves the last row into the hole), so export pages are plain index ranges. Storage
 // grows by fixed-size chunks: no 2x reallocation peaks, and row pointers stay valid as it grows.
+// Chunks come from memory_block.h (mapped from the OS), so dropping one returns its memory at once.
+// Growth allocates before it changes anything: a std::bad_alloc leaves the store as it was.
 #ifndef DUALEMB_ROW_STORE_H_
 #define DUALEMB_ROW_STORE_H_
 
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <utility>
 #include <vector>
+
+#include "memory_block.h"
 
 namespace dualemb {
 
@@ -29,6 +34,7 @@ class RowStore {
         stride_(sizeof(RowMeta) + ((sizeof(float) * width + 7) & ~size_t(7))) {}
 
   int64_t size() const { return size_; }
+  int64_t capacity() const { return static_cast<int64_t>(chunks_.size()) << shift_; }
   int64_t width() const { return width_; }
 
   float* row(int64_t i) { return reinterpret_cast<float*>(at(i) + sizeof(RowMeta)); }
@@ -58,31 +64,64 @@ class RowStore {
     while (static_cast<int64_t>(chunks_.size()) > ((size_ + mask()) >> shift_) + 1)
       chunks_.pop_back();
   }
-  void clear() {
-    chunks_.clear();
+  // Drops every row and frees every chunk.
+  void clear() noexcept {
+    std::vector<Block>().swap(chunks_);
     size_ = 0;
   }
+  // Makes room for n rows: all missing chunks are allocated first, then adopted, so a failure
+  // changes nothing.
   void reserve(int64_t n) {
-    while ((static_cast<int64_t>(chunks_.size()) << shift_) < n) add_chunk();
+    std::vector<Block> fresh = chunks_for(n);
+    adopt(fresh);
   }
-  size_t bytes() const { return chunks_.size() * (size_t(1) << shift_) * stride_; }
+  // The chunks missing for n rows, allocated but not yet adopted (also makes room for them in
+  // the chunk table, so adopt cannot fail). Throws std::bad_alloc with the store unchanged.
+  std::vector<Block> chunks_for(int64_t n) {
+    const int64_t have = static_cast<int64_t>(chunks_.size());
+    const int64_t need = (n + mask()) >> shift_;
+    std::vector<Block> fresh;
+    if (need <= have) return fresh;
+    fresh.reserve(need - have);
+    for (int64_t c = have; c < need; ++c) fresh.emplace_back(chunk_bytes());
+    chunks_.reserve(need);
+    return fresh;
+  }
+  void adopt(std::vector<Block>& fresh) noexcept {
+    for (Block& b : fresh) chunks_.push_back(std::move(b));  // capacity reserved: no throw
+    fresh.clear();
+  }
+  // Bytes of memory held (chunks, whole pages, and the chunk table).
+  size_t bytes() const {
+    size_t b = chunks_.capacity() * sizeof(Block);
+    if (!chunks_.empty()) b += chunks_.size() * chunks_[0].footprint();
+    return b;
+  }
+  size_t stride() const { return stride_; }
+  // Bytes n rows of this width take in chunks.
+  long double bytes_for(int64_t n) const {
+    return static_cast<long double>((n + mask()) >> shift_) * chunk_bytes();
+  }
 
  private:
   int64_t mask() const { return (int64_t(1) << shift_) - 1; }
   unsigned char* at(int64_t i) const {
-    return chunks_[i >> shift_].get() + static_cast<size_t>(i & mask()) * stride_;
+    return chunks_[i >> shift_].data() + static_cast<size_t>(i & mask()) * stride_;
   }
+  size_t chunk_bytes() const { return (size_t(1) << shift_) * stride_; }
   void add_chunk() {
-    // operator new[] memory is aligned for any fundamental type, and the stride is a multiple
-    // of 8, so every RowMeta and float in a chunk is properly aligned.
-    chunks_.emplace_back(new unsigned char[(size_t(1) << shift_) * stride_]);
+    // Blocks are aligned to at least 16 bytes and the stride is a multiple of 8, so every
+    // RowMeta and float in a chunk is properly aligned. The block is owned before the chunk
+    // table may grow, so a failure there frees it.
+    Block b(chunk_bytes());
+    chunks_.push_back(std::move(b));
   }
 
   int64_t width_;
   int64_t shift_;
   size_t stride_;  // bytes per row: RowMeta + width floats, padded to 8
   int64_t size_ = 0;
-  std::vector<std::unique_ptr<unsigned char[]>> chunks_;
+  std::vector<Block> chunks_;
 };
 
 }  // namespace dualemb

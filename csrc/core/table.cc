@@ -10,6 +10,7 @@
 
 #include "config.h"
 #include "hash.h"
+#include "memory_block.h"
 #include "thread_pool.h"
 
 namespace dualemb {
@@ -28,16 +29,19 @@ int parse_key_dtype(const std::string& s) {
   throw std::invalid_argument("unsupported key_dtype '" + s + "' (supported: int64, int32)");
 }
 
-// Small open-addressing map from key to a dense index, for summing duplicate gradients.
+// Small open-addressing map from key to a dense index, for summing duplicate gradients. The
+// constructor only allocates; init() (which cannot fail) clears it right before use, while the
+// shard's keys are being probed, so it is in cache then.
 class DedupMap {
  public:
   explicit DedupMap(int64_t n) {
     uint64_t cap = 16;
     while (cap < static_cast<uint64_t>(n) * 2) cap <<= 1;
-    keys_.resize(cap);
-    ids_.assign(cap, -1);
+    keys_.reset(new int64_t[cap]);
+    ids_.reset(new int64_t[cap]);
     mask_ = cap - 1;
   }
+  void init() { std::fill(ids_.get(), ids_.get() + mask_ + 1, int64_t(-1)); }
   // Returns the dense index of key, and whether it was new.
   int64_t get(int64_t key, uint64_t h, int64_t next, bool* inserted) {
     for (uint64_t i = (h >> 17) & mask_;; i = (i + 1) & mask_) {
@@ -55,8 +59,8 @@ class DedupMap {
   }
 
  private:
-  std::vector<int64_t> keys_;
-  std::vector<int64_t> ids_;
+  std::unique_ptr<int64_t[]> keys_;
+  std::unique_ptr<int64_t[]> ids_;
   uint64_t mask_;
 };
 
@@ -125,7 +129,6 @@ void Table::set_optimizer(const std::string& spec) {
   std::unique_ptr<Optimizer> opt;
   if (!spec.empty()) opt = make_optimizer(spec);  // throws before anything changes
   std::unique_lock<std::shared_mutex> lock(mu_);
-  ++clock_;  // a change of optimizer is a write (checkpoint saves detect it)
   int old_slots = num_slots();
   int new_slots = opt ? opt->num_slots() : 0;
   std::unique_ptr<Optimizer> old = std::move(optimizer_);
@@ -140,6 +143,7 @@ void Table::set_optimizer(const std::string& spec) {
       throw;
     }
   }
+  ++clock_;  // a change of optimizer is a write (checkpoint saves detect it)
 }
 
 void Table::init_slots(float* row) const {
@@ -155,6 +159,9 @@ void Table::init_slots(float* row) const {
 void Table::rebuild_rows(int64_t new_width) {
   // Builds every shard's new storage first, so an allocation failure changes nothing.
   int64_t shift = chunk_shift_for(new_width);
+  long double need = 0;
+  for (auto& sp : shards_) need += RowStore(new_width, shift).bytes_for(sp->rows.size());
+  check_request("adding the optimizer's slot columns", need);
   std::vector<RowStore> fresh;
   fresh.reserve(shards_.size());
   for (auto& sp : shards_) {
@@ -227,10 +234,58 @@ void Table::for_each_key(const Grouping& g, const int64_t* keys, Fn&& fn, After&
   });
 }
 
+void Table::grow_shards(const int64_t* rows_after) {
+  // Phase 1 allocates every shard's larger index and missing chunks (shards in parallel);
+  // phase 2 adopts them and cannot fail. A std::bad_alloc in phase 1 frees what it allocated
+  // and leaves every shard as it was.
+  struct Growth {
+    std::unique_ptr<KeyIndex> index;
+    std::vector<Block> chunks;
+  };
+  bool any = false;
+  for (int si = 0; si < kNumShards && !any; ++si) {
+    const Shard& s = *shards_[si];
+    any = s.index.needs_growth(rows_after[si]) || rows_after[si] > s.rows.capacity();
+  }
+  if (!any) return;
+  std::vector<Growth> plan(kNumShards);
+  parallel_for(kNumShards, threads(), [&](int64_t si) {
+    Shard& s = *shards_[si];
+    if (s.index.needs_growth(rows_after[si]))
+      plan[si].index.reset(new KeyIndex(s.index.grown_copy(rows_after[si])));
+    plan[si].chunks = s.rows.chunks_for(rows_after[si]);
+  });
+  for (int si = 0; si < kNumShards; ++si) {
+    Shard& s = *shards_[si];
+    if (plan[si].index) s.index = std::move(*plan[si].index);
+    s.rows.adopt(plan[si].chunks);
+  }
+}
+
+void Table::prepare_inserts(const Grouping& g, int64_t n_rows_for_eviction) {
+  // Everything a write may allocate is allocated here, before the first row changes: index and
+  // row room for every key of the batch being new, and the eviction ranking buffer. A
+  // std::bad_alloc from here leaves the table as it was.
+  int64_t after[kNumShards];
+  for (int si = 0; si < kNumShards; ++si) {
+    after[si] = shards_[si]->rows.size() + (g.start[si + 1] - g.start[si]);
+    if (after[si] >= static_cast<int64_t>(KeyIndex::kEmpty))
+      throw std::length_error("a shard of this table would pass its limit of 2^32 - 1 rows");
+  }
+  const int64_t size = size_locked();
+  if (capacity_ > 0 && size + n_rows_for_eviction > capacity_)
+    evict_scratch_.reserve(size + n_rows_for_eviction);
+  grow_shards(after);
+}
+
 int64_t Table::insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp) {
+  // Index room first, then the row, then the index entry: whichever allocation fails, no row
+  // is left without its index entry. (Batched writes have made room in prepare_inserts.)
+  const int64_t after = s.rows.size() + 1;
+  if (after >= static_cast<int64_t>(KeyIndex::kEmpty))
+    throw std::length_error("a shard of this table is full (2^32 - 1 rows)");
+  s.index.grow_to(after);
   int64_t r = s.rows.push_back();
-  if (r >= static_cast<int64_t>(KeyIndex::kEmpty))
-    throw std::length_error("a shard of this table is full (2^32 rows)");
   s.index.insert(key, h, static_cast<uint32_t>(r), r + 1);
   s.rows.meta(r).key = key;
   s.rows.meta(r).last_update = stamp;
@@ -301,9 +356,10 @@ void Table::initial_values(const int64_t* keys, int64_t n, float* values) const 
 
 int64_t Table::find_or_insert(const int64_t* keys, int64_t n, float* values, uint8_t* exists) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  const int64_t stamp = ++clock_;
   Grouping g;
   group_by_shard(keys, n, &g);
+  prepare_inserts(g, n);
+  const int64_t stamp = ++clock_;
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
     // A row stamped by this very call was inserted by an earlier duplicate of the key: it did
     // not exist before the call.
@@ -319,9 +375,10 @@ int64_t Table::find_or_insert(const int64_t* keys, int64_t n, float* values, uin
 
 int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const float* values) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  const int64_t stamp = ++clock_;
   Grouping g;
   group_by_shard(keys, n, &g);
+  prepare_inserts(g, n);
+  const int64_t stamp = ++clock_;
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
     if (r < 0) r = insert_new(s, keys[i], h, stamp);
     std::memcpy(s.rows.row(r), values + i * dim_, sizeof(float) * dim_);
@@ -333,9 +390,10 @@ int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const float* val
 
 int64_t Table::accum(const int64_t* keys, int64_t n, const float* deltas, const uint8_t* exists) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  const int64_t stamp = ++clock_;
   Grouping g;
   group_by_shard(keys, n, &g);
+  prepare_inserts(g, n);
+  const int64_t stamp = ++clock_;
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
     const float* d = deltas + i * dim_;
     if (r < 0 && !exists[i]) {
@@ -365,15 +423,19 @@ void Table::erase(const int64_t* keys, int64_t n) {
       int64_t r = s.index.find(keys[i], g.hashes[i]);
       if (r >= 0) erase_row(s, r);
     }
+    s.index.shrink_for(s.rows.size());
   });
 }
 
 void Table::clear() {
   std::unique_lock<std::shared_mutex> lock(mu_);
+  // The fresh (minimum-size) indexes are allocated first; then every chunk and index array is
+  // freed, so memory goes back to the OS and memory_bytes() drops to the empty table's.
+  std::vector<KeyIndex> fresh(shards_.size());
   ++clock_;
-  for (auto& s : shards_) {
-    s->rows.clear();
-    s->index.clear();
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    shards_[i]->rows.clear();
+    shards_[i]->index = std::move(fresh[i]);
   }
 }
 
@@ -389,12 +451,21 @@ int64_t Table::size() const {
 }
 
 void Table::reserve(int64_t n) {
+  if (n < 0) throw std::invalid_argument("reserve needs n >= 0, got " + std::to_string(n));
   std::unique_lock<std::shared_mutex> lock(mu_);
-  int64_t per_shard = n / kNumShards + n / (kNumShards * 8) + 16;
-  for (auto& s : shards_) {
-    s->index.grow_to(per_shard);
-    s->rows.reserve(per_shard);
-  }
+  // Room for n keys spread over the shards by hash, with 1/8 slack for uneven shards.
+  const int64_t per_shard = n / kNumShards + n / (kNumShards * 8) + 16;
+  // The whole request is checked against the machine's memory before anything is allocated,
+  // so an absurd n fails with a message instead of the OOM killer.
+  const long double need =
+      kNumShards * (shards_[0]->rows.bytes_for(per_shard) + KeyIndex::bytes_for(per_shard));
+  check_request(("reserve(" + std::to_string(n) + ")").c_str(), need);
+  if (per_shard >= static_cast<int64_t>(KeyIndex::kEmpty))
+    throw std::length_error("reserve(" + std::to_string(n) +
+                            ") exceeds the table's limit of 2^32 - 1 rows per shard");
+  int64_t after[kNumShards];
+  for (int si = 0; si < kNumShards; ++si) after[si] = per_shard;
+  grow_shards(after);  // allocates everything before adopting anything
 }
 
 int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grads, float lr,
@@ -402,24 +473,39 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
   std::unique_lock<std::shared_mutex> lock(mu_);
   if (!optimizer_)
     throw std::invalid_argument("apply_gradients: this table has no optimizer attached");
-  const int64_t stamp = ++clock_;
   const StepArgs args = optimizer_->prepare(lr, step);
   const Optimizer& opt = *optimizer_;
   Grouping g;
   group_by_shard(keys, n, &g);
   // Per shard: the distinct keys' rows and gradients. A gradient is read in place unless its key
-  // repeats, in which case the sum is built in `summed`.
+  // repeats, in which case the sum is built in `summed` (reserved for as many sums as the shard
+  // has keys, so it never reallocates). All of it is allocated before any row changes.
   struct Work {
     std::unique_ptr<DedupMap> dedup;
     std::vector<int64_t> rows;
     std::vector<const float*> grad;
     std::vector<int64_t> sum_at;  // offset in `summed`, or -1
     std::vector<float> summed;
+    bool ready = false;           // dedup initialised
   };
   std::vector<Work> work(kNumShards);
+  for_each_shard(g, [&](int si) {
+    const int64_t cnt = g.start[si + 1] - g.start[si];
+    Work& w = work[si];
+    w.dedup.reset(new DedupMap(cnt));
+    w.rows.reserve(cnt);
+    w.grad.reserve(cnt);
+    w.sum_at.reserve(cnt);
+    w.summed.reserve(static_cast<size_t>(cnt) * dim_);  // untouched until a key repeats
+  });
+  prepare_inserts(g, n);
+  const int64_t stamp = ++clock_;
   auto dedup = [&](int si, Shard& s, int64_t i, uint64_t h, int64_t r) {
     Work& w = work[si];
-    if (!w.dedup) w.dedup.reset(new DedupMap(g.start[si + 1] - g.start[si]));
+    if (!w.ready) {
+      w.dedup->init();
+      w.ready = true;
+    }
     const float* gi = grads + i * dim_;
     bool fresh = false;
     const int64_t u = w.dedup->get(keys[i], h, static_cast<int64_t>(w.rows.size()), &fresh);
@@ -435,7 +521,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
     }
     if (w.sum_at[u] < 0) {
       w.sum_at[u] = static_cast<int64_t>(w.summed.size());
-      w.summed.insert(w.summed.end(), w.grad[u], w.grad[u] + dim_);
+      w.summed.insert(w.summed.end(), w.grad[u], w.grad[u] + dim_);  // within capacity
     }
     float* acc = w.summed.data() + w.sum_at[u];
     for (int64_t j = 0; j < dim_; ++j) acc[j] += gi[j];
@@ -467,10 +553,29 @@ int64_t Table::enforce_capacity() {
 
 int64_t Table::restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys,
                         const float* scores, int64_t n) {
+  if (by == RestrictBy::kCustom) {
+    // NaN has no place in a ranking (every comparison with it is false), so it is refused
+    // rather than given an arbitrary rank.
+    for (int64_t i = 0; i < n; ++i)
+      if (std::isnan(scores[i]))
+        throw std::invalid_argument("the score of key " + std::to_string(keys[i]) +
+                                    " (position " + std::to_string(i) +
+                                    ") is NaN; scores must be numbers (+-inf allowed)");
+  }
   std::unique_lock<std::shared_mutex> lock(mu_);
+  const int64_t removed = restrict_locked(num_reserved, by, keys, scores, n);
   ++clock_;
-  return restrict_locked(num_reserved, by, keys, scores, n);
+  return removed;
 }
+
+namespace {
+// A key's rank in restrict: higher score first, then the smaller key, so every key has a
+// distinct rank and exactly num_reserved keys are kept, whatever the ties.
+using Ranked = Table::Ranked;
+inline bool ranks_before(const Ranked& a, const Ranked& b) {
+  return a.score > b.score || (a.score == b.score && a.key < b.key);
+}
+}  // namespace
 
 int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_t* keys,
                                const float* scores, int64_t n) {
@@ -479,7 +584,7 @@ int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_
   std::unordered_map<int64_t, float> custom;
   if (by == RestrictBy::kCustom) {
     custom.reserve(n);
-    for (int64_t i = 0; i < n; ++i) custom[keys[i]] = scores[i];
+    for (int64_t i = 0; i < n; ++i) custom[keys[i]] = scores[i];  // the last of duplicates wins
   }
   auto score = [&](const Shard& s, int64_t r) -> double {
     switch (by) {
@@ -492,37 +597,32 @@ int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_
     }
     return 0.0;
   };
-  // Threshold = the num_reserved-th highest score; ties at the threshold are kept in table
-  // order until exactly num_reserved keys remain.
-  double kth = std::numeric_limits<double>::infinity();
-  int64_t keep_ties = 0;
-  if (num_reserved > 0) {
-    std::vector<double> all;
+  // The num_reserved-th best (score, key); a row is kept iff it ranks at or before it. All
+  // allocation happens here, before the first row is erased.
+  Ranked kth{std::numeric_limits<double>::infinity(), std::numeric_limits<int64_t>::min()};
+  const bool keep_none = num_reserved == 0;
+  if (!keep_none) {
+    std::vector<Ranked>& all = evict_scratch_;
+    all.clear();
     all.reserve(total);
     for (const auto& s : shards_)
-      for (int64_t r = 0; r < s->rows.size(); ++r) all.push_back(score(*s, r));
-    std::nth_element(all.begin(), all.begin() + (num_reserved - 1), all.end(),
-                     std::greater<double>());
+      for (int64_t r = 0; r < s->rows.size(); ++r) all.push_back({score(*s, r), s->rows.meta(r).key});
+    std::nth_element(all.begin(), all.begin() + (num_reserved - 1), all.end(), ranks_before);
     kth = all[num_reserved - 1];
-    int64_t greater = 0;
-    for (double v : all) greater += v > kth;
-    keep_ties = num_reserved - greater;
+    // Give a large ranking buffer back; keep a small one for the next capacity write.
+    if (all.capacity() > (size_t(1) << 16)) std::vector<Ranked>().swap(all);
   }
   int64_t removed = 0;
   for (auto& sp : shards_) {
     Shard& s = *sp;
-    std::vector<uint8_t> keep(s.rows.size());
-    for (int64_t r = 0; r < s.rows.size(); ++r) {
-      double v = score(s, r);
-      keep[r] = v > kth || (v == kth && keep_ties > 0 && keep_ties--);
-    }
     // Walk backwards: erase_row moves the last row (already decided: kept) into the hole.
     for (int64_t r = s.rows.size() - 1; r >= 0; --r) {
-      if (!keep[r]) {
+      if (keep_none || ranks_before(kth, Ranked{score(s, r), s.rows.meta(r).key})) {
         erase_row(s, r);
         ++removed;
       }
     }
+    s.index.shrink_for(s.rows.size());
   }
   return removed;
 }
@@ -572,9 +672,10 @@ int64_t Table::import_rows(const int64_t* keys, int64_t n, const float* values,
   std::unique_lock<std::shared_mutex> lock(mu_);
   const int64_t ns = num_slots();
   check_slot_count(slots_given, static_cast<int>(ns));
-  const int64_t stamp = ++clock_;
   Grouping g;
   group_by_shard(keys, n, &g);
+  prepare_inserts(g, n);
+  const int64_t stamp = ++clock_;
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
     if (r < 0) r = insert_new(s, keys[i], h, stamp);
     float* row = s.rows.row(r);

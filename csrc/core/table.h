@@ -65,6 +65,12 @@ class Table {
   int64_t evicted_total() const { return evicted_total_.load(); }
   size_t memory_bytes() const;
 
+  // One row's place in a restrict ranking (see restrict_locked).
+  struct Ranked {
+    double score;
+    int64_t key;
+  };
+
  private:
   struct Shard {
     explicit Shard(int64_t width, int64_t chunk_shift) : rows(width, chunk_shift) {}
@@ -92,6 +98,10 @@ class Table {
     for_each_key(g, keys, fn, [](int) {});
   }
 
+  // Gives shard i room for rows_after[i] rows, all or nothing.
+  void grow_shards(const int64_t* rows_after);
+  // Allocates all a write of the grouped keys may need (see table.cc), before it changes rows.
+  void prepare_inserts(const Grouping& g, int64_t n_rows_for_eviction);
   // Inserts a new row for key (hash h) in shard s with its initial value and slots.
   int64_t insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp);
   void init_slots(float* row) const;
@@ -118,6 +128,7 @@ class Table {
   mutable std::shared_mutex mu_;
   std::atomic<int64_t> clock_{0};
   std::atomic<int64_t> evicted_total_{0};
+  std::vector<Ranked> evict_scratch_;  // restrict's ranking buffer; guarded by mu_ (exclusive)
 };
 
 }  // namespace dualemb

@@ -15,12 +15,27 @@ namespace py = pybind11;
 
 namespace {
 
-// Raised as ValueError (bad argument) or KeyError-free LookupError for unknown tables.
+// Raised as MemoryError (an allocation failed or was refused for its size), KeyError (unknown
+// table) or ValueError (anything else: a bad argument).
 void check(int rc) {
   if (rc == 0) return;
   std::string msg = de_last_error();
+  if (de_last_error_kind() == DE_ERROR_NO_MEMORY) {
+    PyErr_SetString(PyExc_MemoryError, msg.c_str());
+    throw py::error_already_set();
+  }
   if (msg.find("unknown table id") != std::string::npos) throw py::key_error(msg);
   throw py::value_error(msg);
+}
+
+// The slot count a [rows, num_slots, dim] slots array is shaped for. The caller's count travels
+// to the core, which checks it against the table's under the table lock (another handle may
+// attach an optimizer at any time).
+int32_t slots_in(const py::array& a, int64_t rows, int64_t dim, const char* name) {
+  if (a.ndim() != 3 || a.shape(0) != rows || a.shape(2) != dim)
+    throw py::value_error(std::string(name) + " must have shape [" + std::to_string(rows) +
+                          ", num_slots, " + std::to_string(dim) + "]");
+  return static_cast<int32_t>(a.shape(1));
 }
 
 struct KeyView {
@@ -89,13 +104,6 @@ int64_t dim_of(int64_t id) {
   int32_t kd, ns;
   check(de_table_dims(id, &dim, &kd, &ns));
   return dim;
-}
-
-int32_t slots_of(int64_t id) {
-  int64_t dim;
-  int32_t kd, ns;
-  check(de_table_dims(id, &dim, &kd, &ns));
-  return ns;
 }
 
 std::string read_string(int (*fn)(int64_t, char*, size_t, size_t*), int64_t id) {
@@ -263,11 +271,12 @@ PYBIND11_MODULE(_core, m) {
     int64_t dim = dim_of(id);
     float* v = float_buffer(values, limit * dim, "values");
     float* sl = nullptr;
-    const int32_t ns = slots_of(id);
+    int32_t ns = 0;
     int64_t* lu = nullptr;
     int64_t* uc = nullptr;
     if (!slots.is_none()) {
       py::array a = slots.cast<py::array>();
+      ns = slots_in(a, limit, dim, "slots");
       sl = float_buffer(a, limit * dim * ns, "slots");
     }
     lu = optional_buffer<int64_t>(last_update, limit, "last_update");
@@ -286,8 +295,12 @@ PYBIND11_MODULE(_core, m) {
     KeyView k = key_view(keys);
     int64_t dim = dim_of(id);
     const float* v = float_input(values, k.n * dim, "values");
-    const int32_t ns = slots_of(id);
-    const float* sl = typed_input<float>(slots, k.n * dim * ns, "slots");
+    int32_t ns = 0;
+    const float* sl = nullptr;
+    if (!slots.is_none()) {
+      ns = slots_in(slots.cast<py::array>(), k.n, dim, "slots");
+      sl = typed_input<float>(slots, k.n * dim * ns, "slots");
+    }
     const int64_t* lu = typed_input<int64_t>(last_update, k.n, "last_update");
     const int64_t* uc = typed_input<int64_t>(update_count, k.n, "update_count");
     int64_t evicted = 0;

@@ -190,11 +190,138 @@ static void test_json_specs_round_trip() {
   CHECK(de_table_create(0, "dim=2", &n) == -1);
 }
 
+// Every output pointer of every C ABI function: a required one that is NULL is an error naming
+// it, an optional one (documented "may be NULL") is skipped; never a crash.
+static void test_null_outputs() {
+  int64_t id = make(R"({"dim": 2})");
+  OK(de_set_optimizer(id, R"({"name": "adam", "flavor": "keras"})"));
+  int64_t keys[3] = {1, 2, 3};
+  float vals[6] = {1, 2, 3, 4, 5, 6};
+  uint8_t ex[3] = {0, 0, 0};
+  auto fails_naming = [](int rc, const char* name) {
+    CHECK(rc == -1);
+    CHECK(std::strstr(de_last_error(), name) != nullptr);
+    CHECK(de_last_error_kind() == DE_ERROR_OTHER);
+  };
+  fails_naming(de_size(id, nullptr), "null");
+  fails_naming(de_get_clock(id, nullptr), "null");
+  fails_naming(de_evicted_total(id, nullptr), "null");
+  fails_naming(de_memory_bytes(id, nullptr), "null");
+  fails_naming(de_find(id, DE_KEY_INT64, keys, 3, nullptr, nullptr), "values");
+  fails_naming(de_find_or_insert(id, DE_KEY_INT64, keys, 3, nullptr, nullptr, nullptr), "values");
+  fails_naming(de_insert_or_assign(id, DE_KEY_INT64, keys, 3, nullptr, nullptr), "values");
+  fails_naming(de_accum(id, DE_KEY_INT64, keys, 3, vals, nullptr, nullptr), "exists");
+  fails_naming(de_accum(id, DE_KEY_INT64, keys, 3, nullptr, ex, nullptr), "deltas");
+  fails_naming(de_apply_gradients(id, DE_KEY_INT64, keys, 3, nullptr, 0.1f, 1, nullptr), "grads");
+  fails_naming(de_import(id, DE_KEY_INT64, keys, 3, nullptr, nullptr, 0, nullptr, nullptr, nullptr),
+               "values");
+  fails_naming(de_initial_values(id, DE_KEY_INT64, keys, 3, nullptr), "values");
+  fails_naming(de_find(id, DE_KEY_INT64, nullptr, 3, vals, nullptr), "keys");
+  fails_naming(de_restrict(id, 1, DE_RESTRICT_CUSTOM, DE_KEY_INT64, nullptr, vals, 3, nullptr), "keys");
+  fails_naming(de_restrict(id, 1, DE_RESTRICT_CUSTOM, DE_KEY_INT64, keys, nullptr, 3, nullptr), "scores");
+  fails_naming(de_table_create(0, R"({"dim": 2})", nullptr), "out_id");
+  int64_t n = -1;
+  OK(de_size(id, &n));
+  CHECK(n == 0);  // none of the failed writes wrote anything
+  // Optional outputs may be NULL.
+  OK(de_find(id, DE_KEY_INT64, keys, 3, vals, nullptr));
+  OK(de_find_or_insert(id, DE_KEY_INT64, keys, 3, vals, nullptr, nullptr));
+  OK(de_insert_or_assign(id, DE_KEY_INT64, keys, 3, vals, nullptr));
+  OK(de_accum(id, DE_KEY_INT64, keys, 3, vals, ex, nullptr));
+  OK(de_apply_gradients(id, DE_KEY_INT64, keys, 3, vals, 0.1f, 1, nullptr));
+  OK(de_import(id, DE_KEY_INT64, keys, 3, vals, nullptr, 0, nullptr, nullptr, nullptr));
+  OK(de_restrict(id, 3, DE_RESTRICT_RECENCY, DE_KEY_INT64, nullptr, nullptr, 0, nullptr));
+  OK(de_export(id, 0, 3, DE_KEY_INT64, nullptr, nullptr, nullptr, 0, nullptr, nullptr, nullptr));
+  OK(de_table_dims(id, nullptr, nullptr, nullptr));
+  OK(de_table_create(id, R"({"dim": 2})", nullptr));  // an existing id needs no out_id
+  size_t needed = 0;
+  OK(de_table_describe(id, nullptr, 0, &needed));
+  OK(de_table_describe(id, nullptr, 0, nullptr));
+  OK(de_slot_names(id, nullptr, 0, nullptr));
+  char small[4];
+  OK(de_slot_names(id, small, sizeof(small), &needed));
+  CHECK(small[3] == '\0' && needed == std::strlen("momentum,velocity") + 1);
+  OK(de_size(id, &n));
+  CHECK(n == 3);
+  OK(de_table_destroy(id));
+}
+
+// A failed reserve or a refused restrict leaves the table exactly as it was.
+static void test_failures_leave_the_table_unchanged() {
+  int64_t id = make(R"({"dim": 3})");
+  std::vector<int64_t> keys(500);
+  std::vector<float> vals(1500);
+  for (int i = 0; i < 500; ++i) {
+    keys[i] = i * 7919;
+    for (int j = 0; j < 3; ++j) vals[i * 3 + j] = static_cast<float>(i + j);
+  }
+  OK(de_insert_or_assign(id, DE_KEY_INT64, keys.data(), 500, vals.data(), nullptr));
+  auto same = [&] {
+    std::vector<float> out(1500);
+    std::vector<uint8_t> ex(500);
+    OK(de_find(id, DE_KEY_INT64, keys.data(), 500, out.data(), ex.data()));
+    CHECK(std::memcmp(out.data(), vals.data(), sizeof(float) * 1500) == 0);
+    for (auto e : ex) CHECK(e == 1);
+    int64_t n = 0;
+    OK(de_size(id, &n));
+    CHECK(n == 500);
+  };
+  for (int64_t huge : {int64_t(1) << 40, int64_t(1000000000000), INT64_MAX}) {
+    CHECK(de_reserve(id, huge) == -1);
+    CHECK(de_last_error_kind() == DE_ERROR_NO_MEMORY);
+    CHECK(std::strstr(de_last_error(), "bytes") != nullptr);
+    same();
+  }
+  CHECK(de_reserve(id, -1) == -1);
+  std::vector<float> scores(500, 1.0f);
+  scores[17] = NAN;
+  int64_t removed = -1;
+  CHECK(de_restrict(id, 10, DE_RESTRICT_CUSTOM, DE_KEY_INT64, keys.data(), scores.data(), 500,
+                    &removed) == -1);
+  CHECK(std::strstr(de_last_error(), "NaN") != nullptr);
+  same();
+  // Equal scores: exactly n keys remain, the smallest ones.
+  scores[17] = 1.0f;
+  OK(de_restrict(id, 10, DE_RESTRICT_CUSTOM, DE_KEY_INT64, keys.data(), scores.data(), 500,
+                 &removed));
+  CHECK(removed == 490);
+  std::vector<float> out(30);
+  std::vector<uint8_t> ex(10);
+  OK(de_find(id, DE_KEY_INT64, keys.data(), 10, out.data(), ex.data()));
+  for (auto e : ex) CHECK(e == 1);
+  OK(de_table_destroy(id));
+}
+
+// clear() and erasing every key give the memory back, and memory_bytes says so.
+static void test_memory_is_given_back() {
+  int64_t id = make(R"({"dim": 4})");
+  std::vector<int64_t> keys(1500000);  // about 6 row chunks per shard
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = static_cast<int64_t>(i) * 31;
+  std::vector<float> vals(keys.size() * 4, 1.0f);
+  int64_t empty = 0, full = 0, after = 0;
+  OK(de_memory_bytes(id, &empty));
+  OK(de_insert_or_assign(id, DE_KEY_INT64, keys.data(), keys.size(), vals.data(), nullptr));
+  OK(de_memory_bytes(id, &full));
+  CHECK(full > 1500000 * 40);
+  OK(de_clear(id));
+  OK(de_memory_bytes(id, &after));
+  CHECK(after == empty);
+  OK(de_insert_or_assign(id, DE_KEY_INT64, keys.data(), keys.size(), vals.data(), nullptr));
+  OK(de_erase(id, DE_KEY_INT64, keys.data(), keys.size()));
+  OK(de_memory_bytes(id, &after));
+  CHECK(after < full / 4);  // one spare chunk per shard and minimum-size indexes
+  OK(de_table_destroy(id));
+}
+
+
 int main() {
   test_json_specs_round_trip();
   test_basic_ops();
   test_optimizer_step_and_restrict();
   test_concurrency();
+  test_null_outputs();
+  test_failures_leave_the_table_unchanged();
+  test_memory_is_given_back();
   if (g_failures) {
     std::fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;

@@ -3,11 +3,31 @@
 Every method validates its arguments before calling into C++, so bad input raises a clear
 exception and leaves the table unchanged. The GIL is released while C++ works, and batched
 calls fan out on several cores internally; any number of Python threads may share a table.
-Keys may have any shape; rows come back as ``keys.shape + (dim,)``.
+Keys may have any shape (a 0-d key gives a ``(dim,)`` row, an empty list a ``(0, dim)`` array);
+rows come back as ``keys.shape + (dim,)``.
+
+A ``Table`` is a handle: several handles (and the TF and JAX front ends) may share one core table.
+A handle caches only what can never change (id, dim, key dtype); the optimizer, its slots, size and
+contents are read from the core at each use.
+
+Evictions: a table with a ``capacity`` evicts keys when a write grows it past the capacity. Every
+write that can evict (``find_or_insert``, ``insert_or_assign``, ``accum``, ``import_rows``,
+``apply_gradients``) records the number it evicted in ``last_evicted`` (per thread), and those
+returning an int return the same number; ``evicted_total`` counts all evictions of the table.
+Evictions keep the ``capacity`` keys that rank best by the ``evict_policy`` score (last update for
+"recency", update count for "frequency"), equal scores ranking the smaller key first; so a batch
+larger than the capacity keeps a defined subset: with all of its keys new (one write, one stamp,
+equal counts), its ``capacity`` smallest keys.
+
+Memory: rows live in chunks mapped from the OS; ``clear()`` frees every chunk and index array at
+once, ``erase``/``restrict`` free chunks as they empty (one spare chunk per shard is kept for
+reuse) and shrink a shard's index when it is under 1/8 full. ``memory_bytes()`` reports what is
+held, so it falls with them.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Iterator
 
 import numpy as np
@@ -21,6 +41,14 @@ _core = load_extension("_core")
 
 KEY_DTYPES = {"int64": np.dtype(np.int64), "int32": np.dtype(np.int32)}
 _POLICIES = {"recency": 0, "frequency": 1}
+
+
+def _count(x, name: str) -> int:
+    if isinstance(x, bool) or not isinstance(x, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {x!r}")
+    if x < 0:
+        raise ValueError(f"{name} must be >= 0, got {x}")
+    return int(x)
 
 
 def _key_dtype(key_dtype) -> np.dtype:
@@ -41,7 +69,8 @@ class Table:
       optimizer: optional ``dualemb.core.optimizers`` spec (dict, JSON text, or a name); its
         slots are stored beside every row.
       capacity: if > 0, writes that grow the table past it evict keys by ``evict_policy``
-        ("recency" or "frequency") and report how many.
+        ("recency" or "frequency"; equal scores keep the smaller keys) and report how many in
+        ``last_evicted`` (the int-returning writes also return it).
       num_threads: threads a batched call may use (0 = all cores).
       table_id: attach to (or create under) this id; 0 draws a fresh random id.
     """
@@ -86,10 +115,20 @@ class Table:
         return t
 
     def _read_dims(self):
-        dim, kd, ns = _core.dims(self._id)
+        # Only the immutable facts are cached: another handle may change the optimizer.
+        dim, kd, _ = _core.dims(self._id)
         self._dim = int(dim)
         self._key_dtype = np.dtype(np.int64) if kd == 0 else np.dtype(np.int32)
-        self._num_slots = int(ns)
+        self._evicted = threading.local()
+
+    def _record_evicted(self, n: int) -> int:
+        self._evicted.count = int(n)
+        return int(n)
+
+    @property
+    def last_evicted(self) -> int:
+        """Keys evicted by the capacity in this thread's last write through this handle (or 0)."""
+        return getattr(self._evicted, "count", 0)
 
     # ---- description -------------------------------------------------------------------------
     @property
@@ -106,7 +145,8 @@ class Table:
 
     @property
     def num_slots(self) -> int:
-        return self._num_slots
+        """Slots per row of the attached optimizer (read from the core: it may change)."""
+        return int(_core.dims(self._id)[2])
 
     @property
     def slot_names(self) -> list[str]:
@@ -131,13 +171,15 @@ class Table:
         """Attaches (or with None detaches) a fused optimizer. Existing rows get its initial slots
         unless the same optimizer is already attached."""
         _core.set_optimizer(self._id, _opts.spec_string(optimizer))
-        self._read_dims()
 
     def set_num_threads(self, n: int) -> None:
         _core.set_num_threads(self._id, int(n))
 
     # ---- argument checks ---------------------------------------------------------------------
     def _keys(self, keys) -> np.ndarray:
+        if isinstance(keys, (list, tuple)) and np.size(keys) == 0:
+            # [] is an empty batch (numpy alone would make it float64).
+            keys = np.asarray(keys, self._key_dtype)
         arr = np.asarray(keys)
         if arr.dtype.kind not in "iu":
             raise TypeError(f"keys must be integers, got dtype {arr.dtype}")
@@ -148,16 +190,19 @@ class Table:
             if arr.dtype == np.uint64 and arr.size and arr.max() > np.iinfo(np.int64).max:
                 raise ValueError("uint64 keys above 2**63-1 do not fit int64 keys")
             arr = arr.astype(self._key_dtype)
-        return np.ascontiguousarray(arr)
+        # np.require keeps a 0-d key 0-d (np.ascontiguousarray would make it shape (1,)).
+        return np.require(arr, requirements="C")
 
     def _rows(self, values, keys: np.ndarray, what: str) -> np.ndarray:
         arr = np.asarray(values)
+        if arr.size == 0 and keys.size == 0 and isinstance(values, (list, tuple)):
+            arr = np.zeros(keys.shape + (self._dim,), np.float32)  # [] rows for [] keys
         if arr.dtype.kind != "f":
             raise TypeError(f"{what} must be floating point, got dtype {arr.dtype}")
         want = keys.shape + (self._dim,)
         if arr.shape != want:
             raise ValueError(f"{what} have shape {arr.shape}, expected keys.shape + (dim,) = {want}")
-        return np.ascontiguousarray(arr, dtype=np.float32)
+        return np.require(arr, np.float32, "C")
 
     # ---- batched operations ------------------------------------------------------------------
     def find(self, keys) -> tuple[np.ndarray, np.ndarray]:
@@ -170,32 +215,40 @@ class Table:
         return values, exists.view(bool)
 
     def find_or_insert(self, keys) -> tuple[np.ndarray, np.ndarray]:
-        """Like find, but missing keys are inserted with their initializer row."""
+        """Like find, but missing keys are inserted with their initializer row. The keys a
+        capacity evicted are in ``last_evicted`` (this returns the rows and exists flags)."""
         k = self._keys(keys)
         values = np.empty(k.shape + (self._dim,), np.float32)
         exists = np.empty(k.shape, np.uint8)
-        _core.find_or_insert(self._id, k, values, exists)
+        self._record_evicted(_core.find_or_insert(self._id, k, values, exists))
         return values, exists.view(bool)
 
     def insert_or_assign(self, keys, values) -> int:
         """Writes rows (the last of duplicate keys wins). Returns keys evicted by a capacity."""
         k = self._keys(keys)
-        return _core.insert_or_assign(self._id, k, self._rows(values, k, "values"))
+        return self._record_evicted(
+            _core.insert_or_assign(self._id, k, self._rows(values, k, "values")))
 
     def accum(self, keys, deltas, exists) -> int:
         """TFRA's accum: a key absent with exists False is inserted with its delta; a key present
         with exists True gets row += delta; anything else is ignored."""
         k = self._keys(keys)
         e = np.asarray(exists)
+        if e.size == 0 and isinstance(exists, (list, tuple)):
+            e = e.astype(bool)
         if e.shape != k.shape or e.dtype != bool:
             raise ValueError(f"exists must be a bool array of shape {k.shape}")
-        return _core.accum(self._id, k, self._rows(deltas, k, "deltas"),
-                           np.ascontiguousarray(e).view(np.uint8))
+        return self._record_evicted(_core.accum(self._id, k, self._rows(deltas, k, "deltas"),
+                                                np.require(e, requirements="C").view(np.uint8)))
 
     def erase(self, keys) -> None:
+        """Erases keys (absent ones are ignored). Emptied row chunks go back to the OS (one spare
+        per shard is kept for reuse), and a shard's index shrinks once under 1/8 full."""
         _core.erase(self._id, self._keys(keys))
 
     def clear(self) -> None:
+        """Erases every key and frees all row and index memory (memory_bytes() drops to the
+        empty table's few KiB); capacity reserved with reserve() is released too."""
         _core.clear(self._id)
 
     def size(self) -> int:
@@ -205,6 +258,16 @@ class Table:
         return self.size()
 
     def reserve(self, n: int) -> None:
+        """Makes room for n keys. Raises MemoryError (naming the size) if that needs more than
+        this machine's memory (physical RAM, or the cgroup limit if lower) or an allocation
+        fails, and ValueError past the core's 2**32 - 1 rows per shard (64 shards); the table's
+        content is unchanged either way."""
+        if isinstance(n, bool) or int(n) != n:
+            raise TypeError(f"reserve needs an integer, got {n!r}")
+        if n < 0:
+            raise ValueError(f"reserve needs n >= 0, got {n}")
+        if n > np.iinfo(np.int64).max:
+            raise ValueError(f"reserve({n}) is beyond any table's size")
         _core.reserve(self._id, int(n))
 
     def apply_gradients(self, keys, grads, lr: float, step: int) -> int:
@@ -214,12 +277,14 @@ class Table:
         g = self._rows(grads, k, "gradients")
         if isinstance(step, bool) or int(step) != step:
             raise TypeError(f"step must be an integer, got {step!r}")
-        return _core.apply_gradients(self._id, k, g, float(lr), int(step))
+        return self._record_evicted(_core.apply_gradients(self._id, k, g, float(lr), int(step)))
 
     def restrict(self, num_reserved: int, by="recency", keys=None, scores=None) -> int:
         """Keeps the `num_reserved` best keys and erases the rest with their slots. `by` is
         "recency" (last update), "frequency" (update count) or "custom" with `scores` for `keys`
-        (unlisted keys rank lowest). Returns how many keys were erased."""
+        (unlisted keys score -inf; the last score of a repeated key counts). Equal scores rank the
+        smaller key first, so exactly min(num_reserved, size) keys remain. NaN scores raise
+        ValueError (table unchanged). Returns how many keys were erased."""
         if by == "custom":
             if keys is None or scores is None:
                 raise ValueError("restrict(by='custom') needs keys and scores")
@@ -235,19 +300,36 @@ class Table:
     def export(self, offset: int = 0, limit: int | None = None) -> dict:
         """Rows [offset, offset+limit) in table order: keys, values, slots [n, num_slots, dim],
         last_update, update_count. The order is stable while the table is not modified."""
+        offset = _count(offset, "offset")
         if limit is None:
             limit = max(0, self.size() - offset)
+        limit = _count(limit, "limit")
         keys = np.empty(limit, self._key_dtype)
         values = np.empty((limit, self._dim), np.float32)
-        slots = np.empty((limit, self._num_slots, self._dim), np.float32)
         last = np.empty(limit, np.int64)
         count = np.empty(limit, np.int64)
-        n = _core.export_page(self._id, int(offset), keys, values, slots, last, count)
+        for attempt in range(3):
+            # The core refuses (under its lock) a slots buffer sized for another slot count; an
+            # optimizer attached in between through another handle is read again.
+            slots = np.empty((limit, self.num_slots, self._dim), np.float32)
+            try:
+                n = _core.export_page(self._id, offset, keys, values, slots, last, count)
+                break
+            except ValueError as e:
+                if "slots buffer sized for" not in str(e) or attempt == 2:
+                    raise
         return {"keys": keys[:n], "values": values[:n], "slots": slots[:n],
                 "last_update": last[:n], "update_count": count[:n]}
 
     def export_pages(self, page_size: int = 1 << 16) -> Iterator[dict]:
-        """Export in pages of at most page_size rows, so a large table is never copied whole."""
+        """Export in pages of at most page_size (>= 1) rows, so a large table is never copied
+        whole. A bad page_size raises here, not at the first page."""
+        page_size = _count(page_size, "page_size")
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        return self._pages(page_size)
+
+    def _pages(self, page_size: int) -> Iterator[dict]:
         offset = 0
         while True:
             page = self.export(offset, page_size)
@@ -257,17 +339,21 @@ class Table:
             offset += len(page["keys"])
 
     def import_rows(self, keys, values, slots=None, last_update=None, update_count=None) -> int:
-        """Inserts or overwrites rows with optional slots [n, num_slots, dim] and metadata."""
+        """Inserts or overwrites rows with optional slots [n, num_slots, dim] and metadata.
+        Slots must match the table's slot count at the time of the call (checked in the core,
+        under the table's lock); rows imported without slots keep theirs (new rows start from
+        the optimizer's initial slots). Returns keys evicted by a capacity."""
         shaped = self._keys(keys)
         v = self._rows(values, shaped, "values").reshape(-1, self._dim)
         k = shaped.reshape(-1)
         s = None
-        if slots is not None and self._num_slots:
+        if slots is not None:
             s = np.asarray(slots)
-            want = (k.shape[0], self._num_slots, self._dim)
-            if s.shape != want or s.dtype.kind != "f":
-                raise ValueError(f"slots have shape {s.shape}, expected {want}")
-            s = np.ascontiguousarray(s, np.float32)
+            if s.ndim != 3 or s.shape[0] != k.shape[0] or s.shape[2] != self._dim \
+                    or s.dtype.kind != "f":
+                raise ValueError(f"slots have shape {s.shape} and dtype {s.dtype}, expected "
+                                 f"floats of shape ({k.shape[0]}, num_slots, {self._dim})")
+            s = np.require(s, np.float32, "C")
 
         def meta(a, name):
             if a is None:
@@ -277,8 +363,9 @@ class Table:
                 raise ValueError(f"{name} has shape {a.shape}, expected {k.shape}")
             return a
 
-        return _core.import_rows(self._id, k, v, s, meta(last_update, "last_update"),
-                                 meta(update_count, "update_count"))
+        return self._record_evicted(
+            _core.import_rows(self._id, k, v, s, meta(last_update, "last_update"),
+                              meta(update_count, "update_count")))
 
     def initial_values(self, keys) -> np.ndarray:
         """The initializer's rows for keys (pure function of seed and key; table untouched)."""
@@ -300,6 +387,8 @@ class Table:
         return _core.evicted_total(self._id)
 
     def memory_bytes(self) -> int:
+        """Bytes the table's rows, slots, metadata and index hold now (falls after clear and
+        erase, which give memory back to the OS)."""
         return _core.memory_bytes(self._id)
 
     def destroy(self) -> None:

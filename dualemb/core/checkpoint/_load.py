@@ -286,10 +286,11 @@ def _new_table(table_cls, job: _Job):
     except Exception as exc:
         raise CheckpointError(f"table {job.name!r}: cannot create it from the manifest: "
                               f"{exc}") from exc
-    if list(t.slot_names) != e["slot_names"]:
+    got = list(t.slot_names)  # read before destroy: a destroyed table has no slot names
+    if got != e["slot_names"]:
         t.destroy()
         raise CheckpointError(f"table {job.name!r}: the saved optimizer has slots "
-                              f"{t.slot_names}, the checkpoint stores {e['slot_names']}")
+                              f"{got}, the checkpoint stores {e['slot_names']}")
     return t
 
 
@@ -371,14 +372,18 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
                 if job.set_optimizer:
                     _validate_optimizer(job, Table)
                 continue
+            if job.entry["optimizer"] is not None:
+                _validate_optimizer(job, Table)  # slot names and hyper-parameters, up front
             cap = int(job.entry.get("capacity") or 0)
             if cap and int(job.counts.max()) > cap:
                 raise CheckpointError(f"table {job.name!r}: {int(job.counts.max())} rows go to "
                                       f"one new shard of capacity {cap}; they would be evicted")
         for job in jobs:
             if job.live is None:
-                job.live = [_new_table(Table, job) for _ in range(job.num_live)]
-                created.extend(job.live)
+                job.live = []
+                for _ in range(job.num_live):  # one by one, so a failure destroys those made
+                    job.live.append(_new_table(Table, job))
+                    created.append(job.live[-1])
 
         # ---- phase 2: replace the live tables' contents -----------------------------------------
         for job in jobs:
