@@ -156,7 +156,7 @@ def _train_reference(tx, init, batches):
 def _row_state(t, keys):
     """The generic path's per-row state leaves for ``keys`` (from its companion tables)."""
     from dualemb.core.table import Table as CoreTable
-    return [CoreTable.attach(int(np.asarray(tid))).find(keys)[0] for tid in t.slot_tables]
+    return [CoreTable.attach(tid).find(keys)[0] for tid in t.slot_ids]
 
 
 @pytest.mark.parametrize("duplicates", [0, 5], ids=["distinct", "duplicates"])
