@@ -29,22 +29,24 @@ def _step(opt, var, keys, weights=None, name="t"):
     opt.apply_gradients(zip(tape.gradient(loss, [trainable]), [trainable]))
 
 
-def test_returns_the_same_object_wrapped_once():
+def test_wraps_without_changing_the_optimizer_given():
     adam = keras.optimizers.Adam(0.1, beta_1=0.8)
     wrapped = de.DynamicEmbeddingOptimizer(adam)
-    assert wrapped is adam
-    assert isinstance(wrapped, keras.optimizers.Adam)
-    assert type(wrapped).__name__ == "DynamicEmbeddingAdam"
+    assert wrapped is not adam and wrapped.inner_optimizer is adam
+    assert type(adam) is keras.optimizers.Adam  # its class is not swapped
+    assert isinstance(wrapped, keras.optimizers.Optimizer)
     assert de.DynamicEmbeddingOptimizer(wrapped) is wrapped
-    assert wrapped.beta_1 == 0.8
+    assert wrapped.beta_1 == 0.8  # hyper-parameters read through the wrapper
+    assert wrapped.iterations is adam.iterations
 
 
 def test_serialization_roundtrip_keeps_the_wrapper():
     opt = de.DynamicEmbeddingOptimizer(keras.optimizers.RMSprop(0.01, momentum=0.3))
     config = keras.optimizers.serialize(opt)
-    assert config["registered_name"] == "dualemb>DynamicEmbeddingRMSprop"
+    assert config["registered_name"] == "dualemb>DynamicEmbeddingOptimizerWrapper"
     back = keras.optimizers.deserialize(config)
     assert type(back) is type(opt) and back.momentum == 0.3
+    assert type(back.inner_optimizer) is keras.optimizers.RMSprop
 
 
 @pytest.mark.parametrize("bad", [
@@ -146,6 +148,21 @@ def test_weight_decay_exclusion_is_honored():
     opt = de.DynamicEmbeddingOptimizer(opt)
     _step(opt, var, [1])
     np.testing.assert_allclose(var.lookup([1]).numpy(), [[0.9]])  # no decay, just -lr*g
+
+
+def test_options_set_on_the_wrapper_reach_the_wrapped_optimizer():
+    var = _var(dim=1, initializer=1.0)
+    trainable = var.trainable_wrapper("t")
+    sgd = keras.optimizers.SGD(0.1)
+    opt = de.DynamicEmbeddingOptimizer(sgd)
+    opt.weight_decay = 0.5
+    opt.exclude_from_weight_decay(var_list=[trainable])
+    assert sgd.weight_decay == 0.5 and opt.clipnorm is None
+    _step(opt, var, [1])
+    np.testing.assert_allclose(var.lookup([1]).numpy(), [[0.9]])  # excluded: no decay
+    other = _var(dim=1, initializer=1.0)
+    _step(opt, other, [1])
+    np.testing.assert_allclose(other.lookup([1]).numpy(), [[1.0 - 1.0 * 0.5 * 0.1 - 0.1]])
 
 
 def test_plain_keras_optimizer_cannot_apply_embedding_gradients():

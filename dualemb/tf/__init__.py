@@ -20,7 +20,7 @@ from dualemb.tf.lookup import (embedding_lookup, embedding_lookup_sparse,
                                embedding_lookup_unique, safe_embedding_lookup_sparse)
 from dualemb.tf.modes import (ModelMode, enable_inference_mode, enable_train_mode,
                               get_model_mode)
-from dualemb.tf.optimizer import DynamicEmbeddingOptimizer
+from dualemb.tf.optimizer import DynamicEmbeddingOptimizer, DynamicEmbeddingOptimizerWrapper
 from dualemb.tf.policies import (FrequencyRestrictPolicy, RestrictPolicy,
                                  TimestampRestrictPolicy)
 from dualemb.tf.slots import SlotVariable
@@ -30,7 +30,8 @@ from dualemb.tf.variable import GraphKeys, Variable, default_partition_fn, get_v
 __all__ = [
     "Variable", "get_variable", "default_partition_fn", "TrainableWrapper", "SlotVariable",
     "embedding_lookup", "embedding_lookup_unique", "embedding_lookup_sparse",
-    "safe_embedding_lookup_sparse", "DynamicEmbeddingOptimizer", "RestrictPolicy",
+    "safe_embedding_lookup_sparse", "DynamicEmbeddingOptimizer",
+    "DynamicEmbeddingOptimizerWrapper", "RestrictPolicy",
     "TimestampRestrictPolicy", "FrequencyRestrictPolicy", "ModelMode", "enable_train_mode",
     "enable_inference_mode", "get_model_mode", "KVCreator", "CuckooHashTableConfig",
     "CuckooHashTableCreator", "HkvHashTableConfig", "HkvHashTableCreator", "HkvEvictStrategy",

@@ -86,7 +86,10 @@ def _iterations(optimizer):
 
 
 def _constant_learning_rate(optimizer):
-    """The optimizer's learning rate if it is a constant (a schedule cannot be recorded)."""
+    """The optimizer's learning rate if it is a constant (a schedule cannot be recorded). A
+    wrapper (DynamicEmbeddingOptimizer, LossScaleOptimizer) is looked through."""
+    while getattr(optimizer, "inner_optimizer", None) is not None:
+        optimizer = optimizer.inner_optimizer
     if optimizer is None or isinstance(getattr(optimizer, "_learning_rate", None),
                                        keras.optimizers.schedules.LearningRateSchedule):
         return None

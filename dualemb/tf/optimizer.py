@@ -1,27 +1,43 @@
 """``DynamicEmbeddingOptimizer``: a Keras 3 optimizer that also trains dynamic embeddings.
 
-``DynamicEmbeddingOptimizer(keras.optimizers.Adam(...))`` returns the **same optimizer object**,
-its class switched to a subclass that adds the embedding route (TFRA also modifies the instance it
-is given and returns it; dualemb changes nothing else, and nothing global). For every gradient it
-is given:
+``DynamicEmbeddingOptimizer(keras.optimizers.Adam(...))`` returns a
+``DynamicEmbeddingOptimizerWrapper`` around the optimizer it is given, which it leaves as it is
+(its class, attributes and variables), the way Keras' ``LossScaleOptimizer`` wraps an inner
+optimizer. For every gradient the wrapper is given:
 
-- a dense variable's gradient goes to the wrapped optimizer, unchanged;
+- a dense variable's gradient goes to the wrapped optimizer (``inner_optimizer``);
 - a ``TrainableWrapper``'s gradient (``IndexedSlices`` over table keys, see ``trainable.py``) goes
   to the core's fused optimizer, defined exactly as the Keras optimizer, with its
   hyper-parameters, its current learning rate (schedules included: evaluated at ``iterations``)
   and ``step = iterations + 1``. The core sums the gradients of duplicate keys and inserts new
   keys, with their slots, as it updates them.
 
+``iterations``, ``learning_rate`` and public hyper-parameters (``beta_1``, ...) are the wrapped
+optimizer's; ``variables`` are the wrapped optimizer's (preceded by the loss-scaling state when
+loss scaling is on), so files written before the wrapper existed still load.
+
 An embedding's gradient is the gradient of a dense variable holding its rows: the per-occurrence
 gradients of a key are summed (TFRA's plain lookup lets the last duplicate win instead; Keras fed
 the ``IndexedSlices`` of a dense ``keras.layers.Embedding`` applies its nonlinear update math per
 occurrence, e.g. Adam's second moment gets the sum of squares rather than the square of the sum).
-Gradient options act on that gradient as Keras acts on a dense variable's: ``clipnorm`` clips each
-Variable's gradient by its L2 norm, ``clipvalue`` clips it elementwise, ``global_clipnorm`` clips
-all gradients, dense and embedding, by their joint norm, and ``weight_decay`` decays the rows being
-updated (``w -= w * weight_decay * lr``, before the step; ``exclude_from_weight_decay`` is
-honored). ``loss_scale_factor`` unscales them first. ``use_ema`` averages the dense weights only;
-``gradient_accumulation_steps`` raises ``NotImplementedError``.
+Gradient options of the wrapped optimizer act on that gradient as Keras acts on a dense variable's:
+``clipnorm`` clips each Variable's gradient by its L2 norm, ``clipvalue`` clips it elementwise,
+``global_clipnorm`` clips all gradients, dense and embedding, by their joint norm, and
+``weight_decay`` decays the rows being updated (``w -= w * weight_decay * lr``, before the step;
+``exclude_from_weight_decay`` is honored). ``loss_scale_factor`` unscales them first. ``use_ema``
+averages the dense weights only; ``gradient_accumulation_steps`` raises ``NotImplementedError``.
+
+**Mixed precision.** Under a ``mixed_float16`` policy ``model.compile`` wraps any optimizer that is
+not a ``keras.optimizers.LossScaleOptimizer`` in one, and that one cannot take key-indexed
+gradients (to test them for inf/NaN it scatters every gradient into a dense tensor of the
+variable's shape). So the wrapper is itself a ``LossScaleOptimizer`` (compile leaves it alone) and
+does the dynamic loss scaling, embedding gradients included, with Keras' rules: the loss is
+multiplied by the scale, the gradients divided by it; a step with a non-finite gradient is skipped
+(tables, dense weights and ``iterations`` untouched) and halves the scale; ``dynamic_growth_steps``
+finite steps in a row double it. Loss scaling is on when the optimizer given is a
+``LossScaleOptimizer`` (its ``initial_scale`` and ``dynamic_growth_steps`` are used), or when the
+global dtype policy is ``mixed_float16`` when the wrapper is made (what compile would do); it is
+off otherwise, and the wrapper then only routes gradients.
 
 **Only the rows in the batch are updated**, as in TFRA: a row's optimizer state (momentum,
 Adam's moments, ...) advances only on the steps where its key occurs. A dense Keras variable
@@ -33,6 +49,9 @@ their values and state until their key comes back; bias corrections use the glob
 """
 
 from __future__ import annotations
+
+import contextlib
+import copy
 
 import keras
 import tensorflow as tf
@@ -89,31 +108,195 @@ class _Group:
         self.keys = unique
 
 
-class DynamicEmbeddingOptimizerMixin:
-    """Mixed in front of a Keras optimizer class by ``DynamicEmbeddingOptimizer``."""
+# The wrapped optimizer's gradient options, which the wrapper applies itself to the dense and the
+# embedding gradients together before handing the dense ones over.
+_GRADIENT_OPTIONS = ("loss_scale_factor", "clipnorm", "global_clipnorm", "clipvalue")
 
-    _de_wrapped = True
 
-    # ---- Keras hooks ---------------------------------------------------------------------------
-    def build(self, variables):
+@contextlib.contextmanager
+def _gradient_options_off(optimizer):
+    """Turns the wrapped optimizer's gradient options off for one ``apply`` (a trace-time Python
+    setting, restored on exit): the gradients it gets were already unscaled and clipped."""
+    saved = {k: getattr(optimizer, k) for k in _GRADIENT_OPTIONS}
+    try:
+        for k in _GRADIENT_OPTIONS:
+            object.__setattr__(optimizer, k, None)
+        yield
+    finally:
+        for k, v in saved.items():
+            object.__setattr__(optimizer, k, v)
+
+
+def _all_finite(tensors):
+    flags = [tf.reduce_all(tf.math.is_finite(t)) for t in tensors]
+    return tf.reduce_all(tf.stack(flags)) if flags else tf.constant(True)
+
+
+def _values(grad):
+    return grad.values if isinstance(grad, tf.IndexedSlices) else grad
+
+
+def _forwarded(name):
+    """A gradient option of the wrapper that is the wrapped optimizer's (reading and setting it
+    on the wrapper reads and sets it there, so none is silently ignored)."""
+
+    def get(self):
+        inner = self.__dict__.get("inner_optimizer")
+        return None if inner is None else getattr(inner, name)
+
+    def set(self, value):
+        inner = self.__dict__.get("inner_optimizer")
+        if inner is not None:
+            setattr(inner, name, value)
+        # else: Optimizer.__init__ setting its defaults before the optimizer is attached.
+
+    return property(get, set, doc=f"The wrapped optimizer's ``{name}``.")
+
+
+@keras.saving.register_keras_serializable(package="dualemb")
+class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
+    """A Keras 3 optimizer that trains dynamic embeddings in the core and everything else with
+    ``inner_optimizer``; made by ``DynamicEmbeddingOptimizer(optimizer)``. It is a
+    ``LossScaleOptimizer`` so that ``model.compile`` never wraps it in Keras' own (see the module
+    docstring); ``dynamic_loss_scale`` says whether it scales the loss."""
+
+    def __init__(self, inner_optimizer, bp_v2=False, dynamic_loss_scale=False,
+                 initial_scale=2.0 ** 15, dynamic_growth_steps=2000, name=None, **kwargs):
+        if kwargs:
+            raise TypeError(f"unexpected arguments: {sorted(kwargs)}; set gradient options "
+                            "(clipnorm, weight_decay, ...) on the wrapped optimizer")
+        _check_wrappable(inner_optimizer)
+        # Not LossScaleOptimizer.__init__: it would set the wrapped optimizer's
+        # loss_scale_factor to None, and the wrapper changes nothing on the optimizer it wraps.
+        keras.optimizers.Optimizer.__init__(self, learning_rate=0.0, name=name)
+        self.inner_optimizer = inner_optimizer
+        self.bp_v2 = bool(bp_v2)
+        self.dynamic_loss_scale = bool(dynamic_loss_scale)
+        self.initial_scale = float(initial_scale)
+        self.dynamic_growth_steps = int(dynamic_growth_steps)
+
+    # ---- what Keras and users read --------------------------------------------------------------
+    weight_decay = _forwarded("weight_decay")
+    clipnorm = _forwarded("clipnorm")
+    clipvalue = _forwarded("clipvalue")
+    global_clipnorm = _forwarded("global_clipnorm")
+    loss_scale_factor = _forwarded("loss_scale_factor")
+
+    def exclude_from_weight_decay(self, var_list=None, var_names=None):
+        self.inner_optimizer.exclude_from_weight_decay(var_list=var_list, var_names=var_names)
+
+    def set_weights(self, weights):
+        if not self.built:
+            raise ValueError("build the optimizer before set_weights()")
+        variables = self.variables
+        if len(weights) != len(variables):
+            raise ValueError(f"set_weights got {len(weights)} arrays for {len(variables)} "
+                             "optimizer variables")
+        for variable, weight in zip(variables, weights):
+            if tuple(variable.shape) != tuple(weight.shape):
+                raise ValueError(f"optimizer variable {variable.path} has shape "
+                                 f"{tuple(variable.shape)}, got {tuple(weight.shape)}")
+        for variable, weight in zip(variables, weights):
+            variable.assign(weight)
+
+    def __getattr__(self, name):
+        # Public hyper-parameters of the wrapped optimizer (beta_1, momentum, weight_decay, ...),
+        # as they were readable on the optimizer before it was wrapped. Private names are not
+        # forwarded: Keras probes them on the wrapper itself.
+        if name.startswith("_") or name == "inner_optimizer":
+            raise AttributeError(name)
+        inner = self.__dict__.get("inner_optimizer")
+        if inner is None:
+            raise AttributeError(name)
+        return getattr(inner, name)
+
+    @property
+    def variables(self):
+        own = [self.step_counter, self.dynamic_scale] if self._scaling_built() else []
+        return own + list(self.inner_optimizer.variables)
+
+    @property
+    def iterations(self):
+        return self.inner_optimizer.iterations
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self.inner_optimizer.learning_rate = learning_rate
+
+    def _get_current_learning_rate(self):
+        return self.inner_optimizer._get_current_learning_rate()
+
+    def _scaling_built(self) -> bool:
+        return self.dynamic_loss_scale and self.built
+
+    def scale_loss(self, loss):
+        if not self.dynamic_loss_scale:
+            return self.inner_optimizer.scale_loss(loss)
+        scale = self.dynamic_scale if self.built else self.initial_scale
+        return loss * tf.cast(scale, loss.dtype)
+
+    # ---- Keras hooks --------------------------------------------------------------------------
+    def build(self, var_list):
         """Builds the wrapped optimizer on the dense variables only (embedding rows keep their
-        optimizer state in the core table)."""
-        super().build([v for v in variables if not is_trainable_wrapper(v)])
+        optimizer state in the core table), and the loss-scaling state if scaling is on."""
+        if self.dynamic_loss_scale:
+            self._build_loss_scale()
+        dense = [v for v in var_list if not is_trainable_wrapper(v)]
+        if not self.inner_optimizer.built:
+            self.inner_optimizer.build(dense)
+        keras.optimizers.Optimizer.build(self, var_list)
 
-    def _clip_gradients(self, grads):
-        if getattr(self, "_de_preprocessed", False):
-            return grads  # already unscaled and clipped together with the embedding gradients
-        return super()._clip_gradients(grads)
+    def _build_loss_scale(self):
+        # As LossScaleOptimizer.build, under the same names.
+        self.step_counter = self.add_variable(
+            shape=(), dtype="int", initializer=keras.initializers.Zeros(),
+            aggregation="none", name="step_counter")
+        self.dynamic_scale = self.add_variable(
+            shape=(), dtype="float32", initializer=keras.initializers.Constant(self.initial_scale),
+            aggregation="none", name="dynamic_scale")
 
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        raise NotImplementedError("DynamicEmbeddingOptimizer runs on the TensorFlow backend, "
+                                  "whose optimizers update their variables in place")
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(
+            [v for v in var_list if not is_trainable_wrapper(v)])
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "inner_optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "bp_v2": self.bp_v2,
+            "dynamic_loss_scale": self.dynamic_loss_scale,
+            "initial_scale": self.initial_scale,
+            "dynamic_growth_steps": self.dynamic_growth_steps,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        # A copy: Keras' optimizers deserialize their learning-rate schedule in place.
+        inner = keras.saving.deserialize_keras_object(copy.deepcopy(config.pop("inner_optimizer")),
+                                                      custom_objects=custom_objects)
+        return cls(inner, **config)
+
+    # ---- the step -------------------------------------------------------------------------------
     def apply(self, grads, trainable_variables=None):
         if trainable_variables is None:
-            return super().apply(grads, trainable_variables)
+            if not self.built:
+                raise ValueError("DynamicEmbeddingOptimizer: pass the variables with the "
+                                 "gradients (or build the optimizer first)")
+            trainable_variables = self._trainable_variables
         grads, variables = list(grads), list(trainable_variables)
-        if not any(is_trainable_wrapper(v) for v in variables):
-            return super().apply(grads, variables)
-        if self.gradient_accumulation_steps:
-            raise NotImplementedError("DynamicEmbeddingOptimizer does not support "
-                                      "gradient_accumulation_steps")
+        if not grads:
+            return  # as Keras: nothing to apply
+        if len(grads) != len(variables):
+            raise ValueError(f"{len(grads)} gradients for {len(variables)} variables")
         if not self.built:
             with tf.name_scope(self.name):
                 self.build(variables)
@@ -135,69 +318,89 @@ class DynamicEmbeddingOptimizerMixin:
         for group in groups:
             group.finish()
 
-        with tf.name_scope(self.name):
-            learning_rate = tf.cast(self._get_current_learning_rate(), tf.float32)
-            step = tf.cast(self._iterations, tf.int64) + 1
-            dense_grads = self._de_preprocess(groups, dense_grads)
-            for group in groups:
-                self._de_update(group, learning_rate, step)
+        if not self.dynamic_loss_scale:
+            self._step(groups, dense_grads, dense_vars, self.inner_optimizer.loss_scale_factor)
+            return
+        finite = _all_finite([tf.cast(_values(g), tf.float32) for g in dense_grads]
+                             + [g.values for g in groups])
 
+        def finite_step():
+            self._step(groups, dense_grads, dense_vars, self.dynamic_scale)
+            grow = tf.equal(self.step_counter, self.dynamic_growth_steps - 1)
+            self.step_counter.assign(tf.where(grow, tf.zeros_like(self.step_counter),
+                                              self.step_counter + 1))
+            self.dynamic_scale.assign(tf.where(grow, self.dynamic_scale * 2.0,
+                                               self.dynamic_scale))
+
+        def skipped_step():
+            self.step_counter.assign(tf.zeros_like(self.step_counter))
+            self.dynamic_scale.assign(self.dynamic_scale * 0.5)
+
+        tf.cond(finite, finite_step, skipped_step)
+
+    def _step(self, groups, dense_grads, dense_vars, scale):
+        """One update: embedding rows in the core, dense variables by the wrapped optimizer
+        (which increments ``iterations``)."""
+        inner = self.inner_optimizer
+        if groups and inner.gradient_accumulation_steps:
+            raise NotImplementedError("DynamicEmbeddingOptimizer does not support "
+                                      "gradient_accumulation_steps")
+        with tf.name_scope(self.name):
+            learning_rate = tf.cast(inner._get_current_learning_rate(), tf.float32)
+            step = tf.cast(inner._iterations, tf.int64) + 1
+            dense_grads = self._preprocess(groups, dense_grads, scale)
+            for group in groups:
+                self._update_rows(group, learning_rate, step)
         if dense_vars:
-            # Already unscaled and clipped together with the embedding gradients: let the
-            # wrapped optimizer skip both (plain attributes, set and restored at trace time).
-            scale = self.loss_scale_factor
-            object.__setattr__(self, "_de_preprocessed", True)
-            object.__setattr__(self, "loss_scale_factor", None)
-            try:
-                super().apply(dense_grads, dense_vars)  # also increments iterations
-            finally:
-                object.__setattr__(self, "loss_scale_factor", scale)
-                object.__setattr__(self, "_de_preprocessed", False)
+            with _gradient_options_off(inner):
+                inner.apply(dense_grads, dense_vars)  # also increments iterations
         else:
-            self._iterations.assign_add(1)
+            inner._iterations.assign_add(1)
 
     # ---- embedding gradients -------------------------------------------------------------------
-    def _de_preprocess(self, groups, dense_grads):
-        """Unscales (loss_scale_factor) and clips the embedding values and the dense gradients
-        together, with Keras' rules; returns the dense gradients."""
-        scale = self.loss_scale_factor
+    def _preprocess(self, groups, dense_grads, scale):
+        """Unscales (by ``scale``) and clips the embedding values and the dense gradients
+        together, with Keras' rules and the wrapped optimizer's options; returns the dense
+        gradients."""
+        inner = self.inner_optimizer
         clipping = any(c is not None and c > 0
-                       for c in (self.clipnorm, self.global_clipnorm, self.clipvalue))
+                       for c in (inner.clipnorm, inner.global_clipnorm, inner.clipvalue))
         if clipping:
             for group in groups:
                 group.sum_duplicates()
         if scale is not None:
-            dense_grads = [_divide(g, scale) for g in dense_grads]
+            dense_grads = [_divide(g, tf.cast(scale, _values(g).dtype)) for g in dense_grads]
             for group in groups:
-                group.values = group.values / scale
-        if self.clipnorm and self.clipnorm > 0:
+                group.values = group.values / tf.cast(scale, tf.float32)
+        if inner.clipnorm and inner.clipnorm > 0:
             for group in groups:
-                group.values = self._clip_by_norm(group.values)
-            return super()._clip_gradients(dense_grads)
-        if self.global_clipnorm and self.global_clipnorm > 0:
+                group.values = inner._clip_by_norm(group.values)
+            return inner._clip_gradients(dense_grads)
+        if inner.global_clipnorm and inner.global_clipnorm > 0:
             squares = [_sum_of_squares(g) for g in dense_grads] + [
                 _sum_of_squares(group.values) for group in groups]
             norm = tf.sqrt(tf.add_n(squares))
-            clip = tf.cast(self.global_clipnorm, tf.float32)
+            clip = tf.cast(inner.global_clipnorm, tf.float32)
             factor = clip * tf.minimum(1.0 / norm, 1.0 / clip)
             factor = factor + (norm - norm)  # NaN for a non-finite norm, as Keras
             for group in groups:
                 group.values = group.values * factor
-            return [_scale(g, tf.cast(factor, g.dtype)) for g in dense_grads]
-        if self.clipvalue and self.clipvalue > 0:
-            v = self.clipvalue
+            return [_scale(g, tf.cast(factor, _values(g).dtype)) for g in dense_grads]
+        if inner.clipvalue and inner.clipvalue > 0:
+            v = inner.clipvalue
             for group in groups:
                 group.values = tf.clip_by_value(group.values, -v, v)
-            return super()._clip_gradients(dense_grads)
+            return inner._clip_gradients(dense_grads)
         return dense_grads
 
-    def _de_update(self, group, learning_rate, step):
+    def _update_rows(self, group, learning_rate, step):
+        inner = self.inner_optimizer
         params = group.params
-        decay = self.weight_decay is not None and self._use_weight_decay(group.wrappers[0])
-        spec, front_end_decay = optimizer_specs.fused_spec(self, decay)
+        decay = inner.weight_decay is not None and inner._use_weight_decay(group.wrappers[0])
+        spec, front_end_decay = optimizer_specs.fused_spec(inner, decay)
         params._attach_optimizer(spec, to_spec(spec), self)
         if front_end_decay:
-            wd = tf.constant(optimizer_specs.weight_decay_of(self), tf.float32)
+            wd = tf.constant(optimizer_specs.weight_decay_of(inner), tf.float32)
             unique, _ = tf.unique(group.keys)
             rows, _ = params._find_flat(unique)
             decayed = rows - rows * wd * learning_rate
@@ -209,30 +412,26 @@ class DynamicEmbeddingOptimizerMixin:
         params._write_flat(step_fn, group.keys, group.values)
 
 
-
-_WRAPPED: dict = {}
-
-
-def wrapped_class(base: type) -> type:
-    """The ``DynamicEmbedding<Base>`` subclass of a Keras optimizer class (made once, registered
-    with Keras as ``dualemb>DynamicEmbedding<Base>`` so saved models reload it)."""
-    cls = _WRAPPED.get(base)
-    if cls is None:
-        name = f"DynamicEmbedding{base.__name__}"
-        cls = type(name, (DynamicEmbeddingOptimizerMixin, base),
-                   {"__module__": __name__, "__qualname__": name,
-                    "__doc__": f"{base.__name__} that also trains dualemb dynamic embeddings."})
-        keras.saving.register_keras_serializable(package="dualemb", name=name)(cls)
-        _WRAPPED[base] = cls
-    return cls
+def _check_wrappable(optimizer) -> None:
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise TypeError("pass the LossScaleOptimizer to DynamicEmbeddingOptimizer, which takes "
+                        "its inner optimizer and does the loss scaling itself")
+    optimizer_specs.family_of(optimizer)  # raises the TypeError listing what is supported
+    if optimizer.gradient_accumulation_steps:
+        raise NotImplementedError("DynamicEmbeddingOptimizer does not support "
+                                  "gradient_accumulation_steps")
 
 
 def DynamicEmbeddingOptimizer(optimizer=None, bp_v2=False, synchronous=False, **kwargs):
-    """Makes a Keras 3 optimizer train dynamic embeddings too; returns the same object.
+    """Wraps a Keras 3 optimizer so that it trains dynamic embeddings too (TFRA's name and
+    arguments); the optimizer given is not changed. Returns a
+    ``DynamicEmbeddingOptimizerWrapper`` (a ``keras.optimizers.Optimizer``).
 
     Args:
       optimizer: a ``keras.optimizers`` SGD, Adam (amsgrad too), AdamW, Adagrad, Adamax, Nadam,
-        RMSprop, Ftrl, Adadelta or Lion instance (or a subclass instance).
+        RMSprop, Ftrl, Adadelta or Lion instance (or a subclass instance), or a
+        ``keras.optimizers.LossScaleOptimizer`` around one (dynamic loss scaling, see the module
+        docstring). A wrapper is returned as it is.
       bp_v2: accepted; the core's fused update is an atomic read-modify-write of each row, which
         is what bp_v2 (update by delta) protects in TFRA.
       synchronous: Horovod synchronous training is not supported (``NotImplementedError``).
@@ -244,24 +443,37 @@ def DynamicEmbeddingOptimizer(optimizer=None, bp_v2=False, synchronous=False, **
     if synchronous:
         raise NotImplementedError("DynamicEmbeddingOptimizer(synchronous=True) (Horovod) is not "
                                   "supported")
-    if isinstance(optimizer, DynamicEmbeddingOptimizerMixin):
+    if isinstance(optimizer, DynamicEmbeddingOptimizerWrapper):
         return optimizer
-    if not isinstance(optimizer, keras.optimizers.Optimizer):
-        optimizer_specs.family_of(optimizer)  # raises the TypeError listing what is supported
-    optimizer_specs.family_of(optimizer)
-    if optimizer.gradient_accumulation_steps:
-        raise NotImplementedError("DynamicEmbeddingOptimizer does not support "
-                                  "gradient_accumulation_steps")
-    object.__setattr__(optimizer, "__class__", wrapped_class(type(optimizer)))
-    object.__setattr__(optimizer, "_de_bp_v2", bool(bp_v2))
-    return optimizer
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return DynamicEmbeddingOptimizerWrapper(
+            optimizer.inner_optimizer, bp_v2=bp_v2, dynamic_loss_scale=True,
+            initial_scale=optimizer.initial_scale,
+            dynamic_growth_steps=optimizer.dynamic_growth_steps)
+    mixed = keras.config.dtype_policy().name == "mixed_float16"
+    return DynamicEmbeddingOptimizerWrapper(optimizer, bp_v2=bp_v2, dynamic_loss_scale=mixed)
 
 
 def is_wrapped(optimizer) -> bool:
-    return isinstance(optimizer, DynamicEmbeddingOptimizerMixin)
+    return isinstance(optimizer, DynamicEmbeddingOptimizerWrapper)
 
 
-# Register the wrapped classes of the supported optimizers up front, so that a model saved with
-# one reloads (keras.models.load_model) in a fresh process after `import dualemb.tf`.
+def _legacy_loader(base: type) -> type:
+    """Reads ``dualemb>DynamicEmbedding<Base>`` entries of models saved when the wrapper changed
+    the optimizer's class (their config is the optimizer's own)."""
+    name = f"DynamicEmbedding{base.__name__}"
+
+    def from_config(cls, config, custom_objects=None):
+        return DynamicEmbeddingOptimizer(base.from_config(config))
+
+    def get_config(self):  # pragma: no cover - never instantiated
+        raise NotImplementedError
+
+    cls = type(name, (), {"__module__": __name__, "from_config": classmethod(from_config),
+                          "get_config": get_config,
+                          "__doc__": f"Loads a saved {name} as a wrapped {base.__name__}."})
+    return keras.saving.register_keras_serializable(package="dualemb", name=name)(cls)
+
+
 for _family in optimizer_specs.FAMILIES:
-    wrapped_class(_family[0])
+    _legacy_loader(_family[0])

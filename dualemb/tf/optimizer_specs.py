@@ -49,7 +49,8 @@ def family_of(optimizer):
         f"DynamicEmbeddingOptimizer cannot wrap {type(optimizer).__module__}."
         f"{type(optimizer).__name__}: it wraps Keras 3 optimizers ({SUPPORTED_NAMES}, or their "
         "subclasses); TF1 optimizers, legacy Keras optimizers and other Keras optimizers "
-        "(LossScaleOptimizer, Lamb, Adafactor, Muon, ...) are not supported")
+        "(Lamb, Adafactor, Muon, ...) are not supported; a LossScaleOptimizer around a supported "
+        "one is")
 
 
 def _number(name, value):

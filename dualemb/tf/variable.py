@@ -428,7 +428,9 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         when ``optimizer`` is given and is not the one attached."""
         if optimizer is not None and self._optimizer_owner is not None:
             owner = self._optimizer_owner()
-            if owner is not None and owner is not optimizer:
+            # The owner is the DynamicEmbeddingOptimizer wrapper; the optimizer it wraps counts.
+            if owner is not None and not (optimizer is owner or optimizer is getattr(
+                    owner, "inner_optimizer", None)):
                 return []
         return slot_variables(self)
 

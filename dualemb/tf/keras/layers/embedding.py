@@ -99,7 +99,6 @@ class Embedding(keras.layers.Layer):
         distribute_strategy = kwargs.pop("distribute_strategy", None)
         keep_distribution = kwargs.pop("keep_distribution", False)
         checkpoint = kwargs.pop("checkpoint", True)
-        kwargs.pop("dtype", None)
         if isinstance(restrict_policy, str):
             restrict_policy = getattr(de_policies, restrict_policy)
         if distribute_strategy is not None:
@@ -160,16 +159,23 @@ class Embedding(keras.layers.Layer):
         fn = embedding_lookup_unique if self.with_unique else embedding_lookup
         return fn(self.params, ids, name=self._shadow_name, max_norm=self.max_norm)
 
+    def _to_compute_dtype(self, out):
+        """Rows in the layer's compute dtype under a float16 / bfloat16 policy (e.g.
+        ``mixed_float16``), as Keras layers return; the table keeps ``value_dtype``."""
+        dtype = self.compute_dtype
+        if dtype in ("float16", "bfloat16") and out.dtype != dtype:
+            return tf.cast(out, dtype)
+        return out
+
     def call(self, ids):
-        return self._lookup(self._ids(ids))
+        return self._to_compute_dtype(self._lookup(self._ids(ids)))
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.embedding_size,)
 
     # ---- saving ---------------------------------------------------------------------------------
     def get_config(self):
-        config = super().get_config()
-        config.pop("dtype", None)
+        config = super().get_config()  # with the dtype policy
         if self.partitioner is not default_partition_fn:
             warnings.warn(f"layer {self.name!r}: a custom partitioner is not serialized; "
                           "from_config uses the default", stacklevel=2)
@@ -219,7 +225,7 @@ class SquashedEmbedding(Embedding):
                          with_unique=with_unique, short_file_name=short_file_name, **kwargs)
 
     def call(self, ids):
-        emb = super().call(ids)
+        emb = self._lookup(self._ids(ids))  # pooled in value_dtype, then cast to the policy's
         reduce = {"sum": tf.reduce_sum, "mean": tf.reduce_mean, "max": tf.reduce_max,
                   "min": tf.reduce_min}[self.combiner]
         if isinstance(emb, tf.RaggedTensor):
@@ -230,7 +236,7 @@ class SquashedEmbedding(Embedding):
             emb = reduce(emb, axis=0)
         elif rank is not None and rank > 2:
             emb = reduce(emb, axis=list(range(1, rank - 1)))
-        return emb
+        return self._to_compute_dtype(emb)
 
     def compute_output_shape(self, input_shape):
         if len(input_shape) == 1:
@@ -292,7 +298,8 @@ class FieldWiseEmbedding(Embedding):
         pooled = {"sum": tf.math.unsorted_segment_sum, "mean": tf.math.unsorted_segment_mean,
                   "sqrtn": tf.math.unsorted_segment_sqrt_n}[self.combiner](emb, segments, num)
         out = tf.reshape(pooled, [-1, self.nslots, self.embedding_size])
-        return out if self.value_dtype == tf.float32 else tf.cast(out, self.value_dtype)
+        out = out if self.value_dtype == tf.float32 else tf.cast(out, self.value_dtype)
+        return self._to_compute_dtype(out)
 
     def compute_output_shape(self, input_shape):
         return (input_shape[0], self.nslots, self.embedding_size)
