@@ -220,6 +220,23 @@ REGISTER_OP("DualembSetClock")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
 
+// Not stateful: a pure identity. It exists so that its gradient can be registered once, by name
+// (dualemb/tf/trainable.py): tf.custom_gradient in a traced function registers a new gradient
+// function in TF's global registry on every trace and never removes it, which kept the traced
+// function, and with it every table handle it captured, alive for the life of the process.
+REGISTER_OP("DualembRowsWithKeyGradient")
+    .Input("anchor: float")
+    .Input("rows: float")
+    .Input("keys: Tkey")
+    .Output("out: float")
+    .Attr("Tkey: {int32, int64}")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(Returns `rows` unchanged. Its gradient (registered in Python) sends the rows'
+gradient to `anchor` as IndexedSlices indexed by `keys`.)doc");
+
 REGISTER_OP("DualembBuildInfo")
     .Output("tf_version: string")
     .Output("core_version: string")

@@ -168,6 +168,12 @@ def set_clock(table, clock):
     return _ops.dualemb_set_clock(table, tf.cast(clock, tf.int64))
 
 
+def rows_with_key_gradient(anchor, rows, keys):
+    """``rows`` unchanged; the gradient registered for it in ``dualemb/tf/trainable.py`` sends
+    the rows' gradient to ``anchor`` as IndexedSlices indexed by ``keys``."""
+    return _ops.dualemb_rows_with_key_gradient(anchor, rows, keys)
+
+
 def build_info() -> tuple[str, str]:
     """(TensorFlow version the op library was compiled against, core version)."""
     tf_version, core_version = _ops.dualemb_build_info()
