@@ -11,8 +11,8 @@ naming the problem, and the table is left unchanged.
 Contract used by ``dualemb/tf/saving.py`` (checkpoints):
 
 ``table_handle(config, optimizer="", session_name="") -> resource``
-    A fresh table from a core config string (``dim=8;key_dtype=int64;initializer=...``, treated
-    as opaque text); a non-empty optimizer spec string is attached. ``session_name`` is for graphs
+    A fresh table from a core config string (JSON, ``{"dim": 8, "key_dtype": "int64", ...}``,
+    treated as opaque text); a non-empty optimizer spec string is attached. ``session_name`` is for graphs
     run by a TF1 session (a SavedModel's own graph, which C++ loaders such as TF Serving run): the
     table is then created once per session and freed when the session closes.
 ``attach_table(table_id) -> resource`` / ``table_id(handle) -> int64 scalar``
