@@ -22,7 +22,7 @@ ADAM = '{"name": "adam", "flavor": "keras"}'
 
 
 def _table(config=CONFIG, optimizer=""):
-    return int(ops.create_table(0, config, optimizer))
+    return ops.table_handle(config, optimizer)
 
 
 def test_build_info_matches_running_tensorflow():
@@ -31,17 +31,42 @@ def test_build_info_matches_running_tensorflow():
     assert core_version
 
 
-def test_create_is_get_or_create_and_shared_with_core():
-    tid = _table()
-    assert int(ops.create_table(tid, CONFIG, "")) == tid
+def test_handle_is_shared_with_core_by_id():
+    handle = _table()
+    assert handle.dtype == tf.resource
+    tid = int(ops.table_id(handle))
     table = Table.attach(tid)  # the pybind view of the same table
     table.insert_or_assign([7], np.full((1, 4), 2.0, np.float32))
-    values, exists = ops.find(tid, tf.constant([7, 8], tf.int64), 4)
+    values, exists = ops.find(handle, tf.constant([7, 8], tf.int64), 4)
     np.testing.assert_array_equal(values.numpy()[0], [2, 2, 2, 2])
     np.testing.assert_array_equal(exists.numpy(), [True, False])
     np.testing.assert_array_equal(values.numpy()[1], table.initial_values([8])[0])
+    # A second handle attached by id sees the same rows.
+    other = ops.attach_table(tid)
+    assert int(ops.table_id(other)) == tid
+    np.testing.assert_array_equal(ops.find(other, tf.constant([7], tf.int64), 4)[0].numpy(),
+                                  [[2, 2, 2, 2]])
+    assert int(ops.table_id(_table())) != tid  # every handle op makes a fresh table
+
+
+def test_table_lives_while_any_handle_does():
+    handle = _table()
+    tid = int(ops.table_id(handle))
+    other = ops.attach_table(tid)
+    del handle
+    assert Table.attach(tid).dim == 4  # `other` still owns it
+    del other
+    with pytest.raises(KeyError, match="unknown table id"):
+        Table.attach(tid)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="unknown table id"):
+        ops.attach_table(tid)
+
+
+def test_handle_op_rejects_bad_config_and_optimizer():
     with pytest.raises(tf.errors.InvalidArgumentError, match="dim"):
-        ops.create_table(tid, '{"dim": 5, "key_dtype": "int64"}', "")
+        ops.table_handle('{"key_dtype": "int64"}')
+    with pytest.raises(tf.errors.InvalidArgumentError, match="optimizer"):
+        ops.table_handle(CONFIG, '{"name": "nonsense", "flavor": "keras"}')
 
 
 def test_find_does_not_insert_and_find_or_insert_does():
@@ -143,7 +168,9 @@ def test_errors_name_the_problem_and_leave_table_unchanged():
     with pytest.raises(tf.errors.InvalidArgumentError, match="shape"):
         ops.insert_or_assign(tid, tf.constant([2, 3], tf.int64), tf.ones([2, 5]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="unknown table"):
-        ops.table_size(123456789)
+        ops.attach_table(123456789)
+    with pytest.raises((tf.errors.InvalidArgumentError, TypeError, ValueError)):
+        ops.table_size(tf.constant(123456789, tf.int64))  # an id is not a handle
     with pytest.raises(tf.errors.InvalidArgumentError, match="optimizer"):
         ops.set_optimizer(tid, '{"name": "nonsense", "flavor": "keras"}')
     with pytest.raises(tf.errors.InvalidArgumentError, match="slots"):
@@ -171,7 +198,7 @@ def test_ops_are_stateful_and_ordered_in_functions():
         np.testing.assert_array_equal(out[2 * i].numpy(), np.full((2, 2), float(i)))
         assert not out[2 * i + 1].numpy().any()
     from tensorflow.python.framework import op_def_registry
-    for name in ("DualembCreateTable", "DualembFind", "DualembInsertOrAssign", "DualembAccum",
+    for name in ("DualembTableHandle", "DualembTableAttach", "DualembTableId", "DualembFind", "DualembInsertOrAssign", "DualembAccum",
                  "DualembErase", "DualembClear", "DualembSize", "DualembApplyGradients",
                  "DualembRestrict", "DualembExport", "DualembImport", "DualembSetOptimizer",
                  "DualembDescribe", "DualembGetClock", "DualembSetClock"):

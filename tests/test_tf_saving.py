@@ -14,6 +14,7 @@ import tensorflow as tf
 from dualemb.core import Table
 from dualemb.core import checkpoint as core_ckpt
 from dualemb.core.checkpoint import CheckpointError
+from dualemb.tf import ops as de_ops
 from dualemb.tf import saving, variable_state
 from dualemb.tf.variable import Variable
 
@@ -455,7 +456,8 @@ def test_saved_model_of_variable_in_fresh_process(tmp_path):
     module.lookup = tf.function(lambda k: var.lookup(k),
                                 input_signature=[tf.TensorSpec([None], tf.int64)])
     module.size = tf.function(lambda: var.size(), input_signature=[])
-    module.ids = tf.function(lambda: tf.constant([t.table_id for t in var.tables], tf.int64),
+    # The loaded model's own tables have fresh ids: read them from its handles.
+    module.ids = tf.function(lambda: tf.stack([de_ops.table_id(t.resource) for t in var.tables]),
                              input_signature=[])
     path = tmp_path / "sm"
     tf.saved_model.save(module, str(path))

@@ -16,6 +16,7 @@ import dualemb.tf as de  # noqa: E402
 from dualemb.core import initializers as core_inits  # noqa: E402
 from dualemb.core import Table  # noqa: E402
 from dualemb.tf import initializers as de_inits  # noqa: E402
+from dualemb.tf import ops  # noqa: E402
 
 _counter = [0]
 
@@ -94,7 +95,7 @@ def test_sharding_routes_keys_by_floored_mod():
 
 
 def test_custom_partitioner():
-    v = _var(dim=1, devices=["a", "b"], partitioner=lambda k, n: tf.cast(k >= 100, tf.int32))
+    v = _var(dim=1, devices=["/CPU:0", "/CPU:0"], partitioner=lambda k, n: tf.cast(k >= 100, tf.int32))
     v.upsert([1, 2, 150], [[1.0], [2.0], [3.0]])
     assert [int(v.size(0)), int(v.size(1))] == [2, 1]
 
@@ -277,7 +278,8 @@ def test_tables_contract():
     assert len(v.tables) == 2 and v.shard_num == 2 and v.dim == 5
     for shard in v.tables:
         assert isinstance(shard.table_id, int)
-        assert shard.resource.dtype == tf.int64 and int(shard.resource) == shard.table_id
+        assert shard.resource.dtype == tf.resource
+        assert int(ops.table_id(shard.resource)) == shard.table_id
         assert json.loads(shard.config)["dim"] == 5
     assert v.optimizer_spec is None
     assert v.key_dtype == tf.int64 and v.value_dtype == tf.float32

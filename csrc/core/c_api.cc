@@ -105,6 +105,17 @@ int de_table_create(int64_t id, const char* config, int64_t* out_id) {
 
 int de_table_exists(int64_t id) { return dualemb::table_exists(id) ? 1 : 0; }
 
+int de_table_retain(int64_t id) {
+  return guarded("retain table", [&] { dualemb::retain_table(id); });
+}
+
+int de_table_release(int64_t id) {
+  return guarded("release table", [&] {
+    if (!dualemb::release_table(id))
+      throw std::out_of_range("unknown table id " + std::to_string(id));
+  });
+}
+
 int de_table_destroy(int64_t id) {
   return guarded("destroy table", [&] {
     if (!dualemb::destroy_table(id))

@@ -52,8 +52,16 @@ DE_API const char* de_version(void);
 // "frequency"), "num_threads" (int, 0 = all cores). A member the chosen initializer does not use
 // is refused.
 // get-or-create: if `id` exists already, its dim and key dtype must match `config`.
+//
+// Ownership: a table made by de_table_create has one owner, its creator. de_table_retain adds
+// an owner, de_table_release drops one and frees the table when none is left (the TF front end
+// holds one per resource). de_table_destroy frees it at once, whatever the count (the explicit
+// destroy of the pybind11 and JAX front ends). A call already running on a table finishes
+// safely; later calls with the id fail with "unknown table id".
 DE_API int de_table_create(int64_t id, const char* config, int64_t* out_id);
 DE_API int de_table_exists(int64_t id);  // 1 or 0, never an error
+DE_API int de_table_retain(int64_t id);
+DE_API int de_table_release(int64_t id);
 DE_API int de_table_destroy(int64_t id);
 // Canonical description, one JSON object {"config": {...}, "optimizer": {...} | null}: every member
 // as it was given (an integer stays an integer, a float keeps its bits, a list its length), the

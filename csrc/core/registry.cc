@@ -10,9 +10,14 @@
 namespace dualemb {
 namespace {
 
+struct Entry {
+  std::shared_ptr<Table> table;
+  int64_t owners = 1;
+};
+
 struct Registry {
   std::mutex mu;
-  std::unordered_map<int64_t, std::shared_ptr<Table>> tables;
+  std::unordered_map<int64_t, Entry> tables;
   uint64_t counter = 0;
 };
 
@@ -40,24 +45,49 @@ int64_t create_table(int64_t id, const std::string& config) {
   if (id == 0) id = fresh_id(r);
   auto it = r.tables.find(id);
   if (it != r.tables.end()) {
-    const Table& t = *it->second;
+    const Table& t = *it->second.table;
     if (t.dim() != table->dim() || t.key_dtype() != table->key_dtype())
       throw std::invalid_argument("table " + std::to_string(id) + " exists with dim " +
                                   std::to_string(t.dim()) + " and another config");
     return id;
   }
-  r.tables.emplace(id, std::move(table));
+  r.tables.emplace(id, Entry{std::move(table), 1});
   return id;
+}
+
+[[noreturn]] static void throw_unknown(int64_t id) {
+  throw std::out_of_range("unknown table id " + std::to_string(id) +
+                          " (not created or loaded in this process, or already freed)");
 }
 
 std::shared_ptr<Table> get_table(int64_t id) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.tables.find(id);
-  if (it == r.tables.end())
-    throw std::out_of_range("unknown table id " + std::to_string(id) +
-                            " (not created or loaded in this process)");
-  return it->second;
+  if (it == r.tables.end()) throw_unknown(id);
+  return it->second.table;
+}
+
+void retain_table(int64_t id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.tables.find(id);
+  if (it == r.tables.end()) throw_unknown(id);
+  ++it->second.owners;
+}
+
+bool release_table(int64_t id) {
+  std::shared_ptr<Table> last;  // freed after the lock is released: freeing a big table is slow
+  Registry& r = registry();
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.tables.find(id);
+    if (it == r.tables.end()) return false;
+    if (--it->second.owners > 0) return true;
+    last = std::move(it->second.table);
+    r.tables.erase(it);
+  }
+  return true;
 }
 
 bool table_exists(int64_t id) {
@@ -67,9 +97,16 @@ bool table_exists(int64_t id) {
 }
 
 bool destroy_table(int64_t id) {
+  std::shared_ptr<Table> last;  // freed after the lock is released
   Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  return r.tables.erase(id) > 0;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    auto it = r.tables.find(id);
+    if (it == r.tables.end()) return false;
+    last = std::move(it->second.table);
+    r.tables.erase(it);
+  }
+  return true;
 }
 
 }  // namespace dualemb

@@ -1,9 +1,13 @@
 // common.h — helpers shared by the dualemb TensorFlow kernels (csrc/tf/*.cc).
 //
-// Every op takes the core table id as its first input (an int64 scalar), so one op serves any
-// number of tables; the kernels only check shapes and dtypes, then call the C ABI of
-// libdualemb_core.so (dualemb_core.h). A core error becomes an InvalidArgument status carrying
-// the core's message, and the core guarantees that a failed call left the table unchanged.
+// A table is a TF resource: `TableResource` owns one core table (one owner reference in the core
+// registry, dualemb_core.h) and releases it when TensorFlow destroys the resource, i.e. when the
+// last handle tensor referring to it is gone (handles are anonymous and ref-counted, like TF's
+// anonymous hash tables). Every table op takes the handle as its first input, so one op serves
+// any number of tables and runs on the device the handle names. The kernels only check shapes and
+// dtypes, then call the C ABI of libdualemb_core.so with the resource's core id. A core error
+// becomes an InvalidArgument status carrying the core's message, and the core guarantees that a
+// failed call left the table unchanged.
 #ifndef DUALEMB_TF_COMMON_H_
 #define DUALEMB_TF_COMMON_H_
 
@@ -12,6 +16,8 @@
 
 #include "dualemb_core.h"
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_base.h"
+#include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
 
 namespace dualemb_tf {
@@ -40,7 +46,7 @@ inline int32_t CoreKeyDtype(DataType dt) {
 
 inline const char* KeyDtypeName(int32_t kd) { return kd == DE_KEY_INT64 ? "int64" : "int32"; }
 
-// Reads input `index` as an int64 scalar table id.
+// Reads input `index` as an integer scalar.
 inline absl::Status ScalarInput(OpKernelContext* ctx, int index, const char* what, int64_t* out) {
   const Tensor& t = ctx->input(index);
   if (!::tensorflow::TensorShapeUtils::IsScalar(t.shape()))
@@ -69,10 +75,50 @@ inline absl::Status GetDims(const std::string& op, int64_t id, TableDims* d) {
   return absl::OkStatus();
 }
 
-// Checks that `keys` have the table's key dtype.
-// Input 0 of every table op is the table id: reads it and the table's dims.
+// One core table owned by TensorFlow. It holds one owner reference of the core table `id` (taken
+// by whoever made it: a fresh de_table_create, or de_table_retain when attaching to an existing
+// id) and drops it when TF destroys the resource.
+class TableResource : public ::tensorflow::ResourceBase {
+ public:
+  explicit TableResource(int64_t id) : id_(id) {}
+  ~TableResource() override {
+    // Fails only if the table was destroyed explicitly (de_table_destroy) already: nothing to do.
+    de_table_release(id_);
+  }
+  TableResource(const TableResource&) = delete;
+  TableResource& operator=(const TableResource&) = delete;
+
+  int64_t id() const { return id_; }
+  std::string DebugString() const override {
+    return "dualemb table " + std::to_string(id_);
+  }
+  int64_t MemoryUsed() const override {
+    int64_t bytes = 0;
+    return de_memory_bytes(id_, &bytes) == 0 ? bytes : 0;
+  }
+
+ private:
+  const int64_t id_;
+};
+
+// The core id of the table whose handle is input `index`. The input tensor holds a reference to
+// the resource for the whole Compute call, so the id stays valid while the kernel uses it.
+inline absl::Status TableIdInput(OpKernelContext* ctx, int index, int64_t* id) {
+  ::tensorflow::core::RefCountPtr<TableResource> table;
+  absl::Status s = ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, index),
+                                                &table);
+  if (!s.ok())
+    return absl::InvalidArgumentError(ctx->op_kernel().name() +
+                                      ": input " + std::to_string(index) +
+                                      " is not a dualemb table handle: " +
+                                      std::string(s.message()));
+  *id = table->id();
+  return absl::OkStatus();
+}
+
+// Input 0 of every table op is the table handle: reads its core id and the table's dims.
 inline absl::Status TableOf(OpKernelContext* ctx, int64_t* id, TableDims* d) {
-  absl::Status s = ScalarInput(ctx, 0, "table_id", id);
+  absl::Status s = TableIdInput(ctx, 0, id);
   if (!s.ok()) return s;
   return GetDims(ctx->op_kernel().name(), *id, d);
 }
@@ -85,6 +131,7 @@ inline absl::Status OutputScalar(OpKernelContext* ctx, int index, int64_t value)
   return s;
 }
 
+// Checks that `keys` have the table's key dtype.
 inline absl::Status CheckKeys(const std::string& op, const TableDims& d, const Tensor& keys) {
   const int32_t kd = CoreKeyDtype(keys.dtype());
   if (kd != d.key_dtype)

@@ -18,7 +18,7 @@ class ExportOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     int64_t id, offset, limit, size = 0;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    OP_REQUIRES_OK(ctx, TableIdInput(ctx, 0, &id));
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "offset", &offset));
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, 2, "limit", &limit));
     OP_REQUIRES(ctx, offset >= 0,

@@ -1,4 +1,5 @@
-// kernels_lookup.cc — find / find_or_insert, insert_or_assign, accum, erase.
+// kernels_lookup.cc — find / find_or_insert, insert_or_assign, accum, erase, and the identity
+// that carries a lookup's gradient to its anchor.
 #include "common.h"
 
 namespace dualemb_tf {
@@ -110,6 +111,18 @@ class EraseOp : public OpKernel {
   }
 };
 
+class RowsWithKeyGradientOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override { ctx->set_output(0, ctx->input(1)); }
+};
+
+REGISTER_KERNEL_BUILDER(
+    Name("DualembRowsWithKeyGradient").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
+    RowsWithKeyGradientOp);
+REGISTER_KERNEL_BUILDER(
+    Name("DualembRowsWithKeyGradient").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
+    RowsWithKeyGradientOp);
 REGISTER_KERNEL_BUILDER(Name("DualembFind").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
                         FindOp);
 REGISTER_KERNEL_BUILDER(Name("DualembFind").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),

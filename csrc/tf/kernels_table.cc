@@ -1,5 +1,5 @@
-// kernels_table.cc — table lifecycle and whole-table ops: create, clear, size, set_optimizer,
-// describe, clock, and the library's build info.
+// kernels_table.cc — table lifecycle and whole-table ops: handle (create / attach), id, clear,
+// size, set_optimizer, describe, clock, and the library's build info.
 #include <string>
 #include <vector>
 
@@ -27,28 +27,101 @@ void OutputInt64(OpKernelContext* ctx, int64_t v) {
   OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, v));
 }
 
-class CreateTableOp : public OpKernel {
+// Sets output 0 to an anonymous ref-counted handle of a new TableResource, which takes over the
+// owner reference the caller holds on core table `id` (released if this fails).
+void OutputTableHandle(OpKernelContext* ctx, int64_t id) {
+  auto* resource = new TableResource(id);
+  Tensor* out = nullptr;
+  ::tensorflow::AllocatorAttributes on_host;
+  on_host.set_on_host(true);
+  absl::Status s = ctx->allocate_output(0, TensorShape({}), &out, on_host);
+  if (!s.ok()) {
+    resource->Unref();  // releases the core table
+    ctx->CtxFailure(s);
+    return;
+  }
+  // The handle owns the resource's initial reference; the device makes ops that take the handle
+  // run where the table lives.
+  out->scalar<::tensorflow::ResourceHandle>()() =
+      ::tensorflow::ResourceHandle::MakeRefCountingHandle<TableResource>(resource,
+                                                                         ctx->device()->name());
+}
+
+// A fresh core table with `optimizer` attached; *id receives its id (one owner reference).
+absl::Status CreateCoreTable(const std::string& op, const std::string& config,
+                             const std::string& optimizer, int64_t* id) {
+  if (de_table_create(0, config.c_str(), id) != 0)
+    return absl::InvalidArgumentError(op + ": " + de_last_error());
+  if (!optimizer.empty() && de_set_optimizer(*id, optimizer.c_str()) != 0) {
+    const std::string msg = de_last_error();
+    de_table_release(*id);  // leave no half-made table behind
+    return absl::InvalidArgumentError(op + ": " + msg);
+  }
+  return absl::OkStatus();
+}
+
+class TableHandleOp : public OpKernel {
+ public:
+  explicit TableHandleOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("container", &container_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("session_name", &session_name_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    std::string config, optimizer;
+    OP_REQUIRES_OK(ctx, StringScalar(ctx, 0, "config", &config));
+    OP_REQUIRES_OK(ctx, StringScalar(ctx, 1, "optimizer", &optimizer));
+    if (session_name_.empty()) {
+      int64_t id = 0;
+      OP_REQUIRES_OK(ctx, CreateCoreTable(name(), config, optimizer, &id));
+      OutputTableHandle(ctx, id);
+      return;
+    }
+    // Named: the resource manager owns the table; later runs find it there.
+    auto* rm = ctx->resource_manager();
+    const std::string container = container_.empty() ? rm->default_container() : container_;
+    TableResource* table = nullptr;
+    OP_REQUIRES_OK(ctx, rm->LookupOrCreate<TableResource>(
+                            container, session_name_, &table, [&](TableResource** out) {
+                              int64_t id = 0;
+                              TF_RETURN_IF_ERROR(CreateCoreTable(name(), config, optimizer, &id));
+                              *out = new TableResource(id);
+                              return absl::OkStatus();
+                            }));
+    table->Unref();  // LookupOrCreate's reference; the resource manager keeps its own
+    Tensor* out = nullptr;
+    ::tensorflow::AllocatorAttributes on_host;
+    on_host.set_on_host(true);
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out, on_host));
+    out->scalar<::tensorflow::ResourceHandle>()() =
+        ::tensorflow::MakeResourceHandle<TableResource>(ctx, container, session_name_);
+  }
+
+ private:
+  std::string container_;
+  std::string session_name_;
+};
+
+class TableAttachOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
 
   void Compute(OpKernelContext* ctx) override {
     int64_t id;
-    std::string config, optimizer;
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
-    OP_REQUIRES_OK(ctx, StringScalar(ctx, 1, "config", &config));
-    OP_REQUIRES_OK(ctx, StringScalar(ctx, 2, "optimizer", &optimizer));
-    const bool existed = id != 0 && de_table_exists(id) == 1;
-    int64_t out_id = 0;
-    DE_CORE_CALL(ctx, de_table_create(id, config.c_str(), &out_id));
-    if (!optimizer.empty()) {
-      if (de_set_optimizer(out_id, optimizer.c_str()) != 0) {
-        const std::string msg = de_last_error();
-        if (!existed) de_table_destroy(out_id);  // leave no half-made table behind
-        ctx->CtxFailure(absl::InvalidArgumentError(name() + ": " + msg));
-        return;
-      }
-    }
-    OutputInt64(ctx, out_id);
+    DE_CORE_CALL(ctx, de_table_retain(id));
+    OutputTableHandle(ctx, id);
+  }
+};
+
+class TableIdOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+
+  void Compute(OpKernelContext* ctx) override {
+    int64_t id;
+    OP_REQUIRES_OK(ctx, TableIdInput(ctx, 0, &id));
+    OutputInt64(ctx, id);
   }
 };
 
@@ -57,7 +130,7 @@ class ClearOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     int64_t id;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    OP_REQUIRES_OK(ctx, TableIdInput(ctx, 0, &id));
     DE_CORE_CALL(ctx, de_clear(id));
   }
 };
@@ -67,7 +140,7 @@ class SizeOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     int64_t id, n = 0;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    OP_REQUIRES_OK(ctx, TableIdInput(ctx, 0, &id));
     DE_CORE_CALL(ctx, de_size(id, &n));
     OutputInt64(ctx, n);
   }
@@ -75,14 +148,21 @@ class SizeOp : public OpKernel {
 
 class SetOptimizerOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit SetOptimizerOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("empty_detaches", &empty_detaches_));
+  }
+
   void Compute(OpKernelContext* ctx) override {
     int64_t id;
     std::string spec;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    OP_REQUIRES_OK(ctx, TableIdInput(ctx, 0, &id));
     OP_REQUIRES_OK(ctx, StringScalar(ctx, 1, "spec", &spec));
+    if (spec.empty() && !empty_detaches_) return;
     DE_CORE_CALL(ctx, de_set_optimizer(id, spec.c_str()));
   }
+
+ private:
+  bool empty_detaches_;
 };
 
 class DescribeOp : public OpKernel {
@@ -90,7 +170,7 @@ class DescribeOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     int64_t id;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    OP_REQUIRES_OK(ctx, TableIdInput(ctx, 0, &id));
     size_t needed = 0;
     std::vector<char> buf(256);
     DE_CORE_CALL(ctx, de_table_describe(id, buf.data(), buf.size(), &needed));
@@ -109,7 +189,7 @@ class GetClockOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     int64_t id, clock = 0;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    OP_REQUIRES_OK(ctx, TableIdInput(ctx, 0, &id));
     DE_CORE_CALL(ctx, de_get_clock(id, &clock));
     OutputInt64(ctx, clock);
   }
@@ -120,7 +200,7 @@ class SetClockOp : public OpKernel {
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
     int64_t id, clock;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    OP_REQUIRES_OK(ctx, TableIdInput(ctx, 0, &id));
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "clock", &clock));
     DE_CORE_CALL(ctx, de_set_clock(id, clock));
   }
@@ -139,7 +219,9 @@ class BuildInfoOp : public OpKernel {
   }
 };
 
-REGISTER_KERNEL_BUILDER(Name("DualembCreateTable").Device(DEVICE_CPU), CreateTableOp);
+REGISTER_KERNEL_BUILDER(Name("DualembTableHandle").Device(DEVICE_CPU), TableHandleOp);
+REGISTER_KERNEL_BUILDER(Name("DualembTableAttach").Device(DEVICE_CPU), TableAttachOp);
+REGISTER_KERNEL_BUILDER(Name("DualembTableId").Device(DEVICE_CPU), TableIdOp);
 REGISTER_KERNEL_BUILDER(Name("DualembClear").Device(DEVICE_CPU), ClearOp);
 REGISTER_KERNEL_BUILDER(Name("DualembSize").Device(DEVICE_CPU), SizeOp);
 REGISTER_KERNEL_BUILDER(Name("DualembSetOptimizer").Device(DEVICE_CPU), SetOptimizerOp);

@@ -12,7 +12,7 @@ class ApplyGradientsOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     int64_t id, step;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    OP_REQUIRES_OK(ctx, TableIdInput(ctx, 0, &id));
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, 4, "step", &step));
     const Tensor& lr = ctx->input(3);
     OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(lr.shape()),
@@ -43,7 +43,7 @@ class RestrictOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     int64_t id, num_reserved;
-    OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    OP_REQUIRES_OK(ctx, TableIdInput(ctx, 0, &id));
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "num_reserved", &num_reserved));
     OP_REQUIRES(ctx, num_reserved >= 0,
                 absl::InvalidArgumentError(name() + ": num_reserved must be >= 0, got " +

@@ -1,8 +1,11 @@
 // ops.cc — registration of the dualemb TensorFlow ops (their kernels are in kernels_*.cc).
 //
 // Every op is stateful: Grappler must neither constant-fold a lookup nor reorder it around the
-// writes to the same table. The first input of every table op is the core table id (int64
-// scalar), so one op serves any number of tables. Rows are float32 with shape keys.shape + [dim].
+// writes to the same table. A table is a resource (csrc/tf/common.h `TableResource`):
+// DualembTableHandle makes a fresh one, DualembTableAttach shares an existing core table by id,
+// and the first input of every other table op is the handle, so one op serves any number of
+// tables and is placed on the device that holds the table. Rows are float32 with shape
+// keys.shape + [dim].
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -31,18 +34,41 @@ absl::Status ScalarIdInput(InferenceContext* c) {
 
 }  // namespace
 
-REGISTER_OP("DualembCreateTable")
-    .Input("table_id: int64")
+// The attribute is not called shared_name on purpose: the SavedModel loader gives every op with a
+// shared_name attribute a name derived from its node name, which would make all the tables of a
+// loaded model one table.
+REGISTER_OP("DualembTableHandle")
     .Input("config: string")
     .Input("optimizer: string")
-    .Output("out_id: int64")
+    .Output("table: resource")
+    .Attr("container: string = ''")
+    .Attr("session_name: string = ''")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
-    .Doc(R"doc(Get-or-create the core table `table_id` (0 draws a fresh id) from a config string;
-a non-empty `optimizer` spec is attached (a no-op when the same one is attached). Returns the id.)doc");
+    .Doc(R"doc(Creates a fresh core table from a config string (a non-empty `optimizer` spec is
+attached). Without session_name (eager and tf.function code): returns an anonymous, ref-counted
+handle, and the table is freed when the last handle tensor is gone. With session_name (the graph a
+TF1 session runs, e.g. a SavedModel served by a C++ loader): the table is created once in the
+device's resource manager under that name, every run gets a handle to it, and it is freed with
+the resource manager (when the session closes).)doc");
+
+REGISTER_OP("DualembTableAttach")
+    .Input("table_id: int64")
+    .Output("table: resource")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(A handle to the existing core table `table_id` (made by any front end in this
+process), which keeps it alive until the last such handle is gone. Fails on an unknown id.)doc");
+
+REGISTER_OP("DualembTableId")
+    .Input("table: resource")
+    .Output("table_id: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("The core table id of a handle (valid while the handle lives).");
 
 REGISTER_OP("DualembFind")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .Input("keys: Tkey")
     .Output("values: float")
     .Output("exists: bool")
@@ -60,7 +86,7 @@ REGISTER_OP("DualembFind")
 exists. With insert_missing, missing keys are inserted (find_or_insert).)doc");
 
 REGISTER_OP("DualembInsertOrAssign")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .Input("keys: Tkey")
     .Input("values: float")
     .Output("evicted: int64")
@@ -69,7 +95,7 @@ REGISTER_OP("DualembInsertOrAssign")
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
 REGISTER_OP("DualembAccum")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .Input("keys: Tkey")
     .Input("deltas: float")
     .Input("exists: bool")
@@ -79,25 +105,25 @@ REGISTER_OP("DualembAccum")
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
 REGISTER_OP("DualembErase")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .Input("keys: Tkey")
     .Attr("Tkey: {int32, int64}")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
 
 REGISTER_OP("DualembClear")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
 
 REGISTER_OP("DualembSize")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .Output("size: int64")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
 REGISTER_OP("DualembApplyGradients")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .Input("keys: Tkey")
     .Input("grads: float")
     .Input("learning_rate: float")
@@ -110,7 +136,7 @@ REGISTER_OP("DualembApplyGradients")
 missing keys inserted from the initializer). `step` is the 1-based update count.)doc");
 
 REGISTER_OP("DualembRestrict")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .Input("num_reserved: int64")
     .Input("keys: Tkey")
     .Input("scores: float")
@@ -123,7 +149,7 @@ REGISTER_OP("DualembRestrict")
 given for `keys`), erasing the rest with their slots. Returns how many were erased.)doc");
 
 REGISTER_OP("DualembExport")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .Input("offset: int64")
     .Input("limit: int64")
     .Output("keys: Tkey")
@@ -151,7 +177,7 @@ REGISTER_OP("DualembExport")
 keys, values [n, dim], slots [n, num_slots, dim], last_update, update_count.)doc");
 
 REGISTER_OP("DualembImport")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .Input("keys: Tkey")
     .Input("values: float")
     .Input("slots: float")
@@ -166,29 +192,50 @@ REGISTER_OP("DualembImport")
 (pass empty tensors to leave them out). With clear, the table is emptied first.)doc");
 
 REGISTER_OP("DualembSetOptimizer")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .Input("spec: string")
+    .Attr("empty_detaches: bool = true")
     .SetIsStateful()
-    .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(Attaches the optimizer `spec` (a no-op when the same one is attached). An empty
+spec detaches the optimizer and drops the slots, unless empty_detaches is false: then it leaves
+the table as it is (a restore from a checkpoint saved without an optimizer).)doc");
 
 REGISTER_OP("DualembDescribe")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .Output("description: string")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc("The table's description, JSON {\"config\": {...}, \"optimizer\": {...} | null}.");
 
 REGISTER_OP("DualembGetClock")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .Output("clock: int64")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
 REGISTER_OP("DualembSetClock")
-    .Input("table_id: int64")
+    .Input("table: resource")
     .Input("clock: int64")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
+
+// Not stateful: a pure identity. It exists so that its gradient can be registered once, by name
+// (dualemb/tf/trainable.py): tf.custom_gradient in a traced function registers a new gradient
+// function in TF's global registry on every trace and never removes it, which kept the traced
+// function, and with it every table handle it captured, alive for the life of the process.
+REGISTER_OP("DualembRowsWithKeyGradient")
+    .Input("anchor: float")
+    .Input("rows: float")
+    .Input("keys: Tkey")
+    .Output("out: float")
+    .Attr("Tkey: {int32, int64}")
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->input(1));
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(Returns `rows` unchanged. Its gradient (registered in Python) sends the rows'
+gradient to `anchor` as IndexedSlices indexed by `keys`.)doc");
 
 REGISTER_OP("DualembBuildInfo")
     .Output("tf_version: string")

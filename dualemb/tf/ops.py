@@ -1,30 +1,37 @@
 """Thin Python wrappers over the dualemb TensorFlow ops (``dualemb/tf/_ops.so``).
 
-Every op is stateful and takes the core table id first: a Python int, or an int64 scalar tensor
-(``TableShard.resource``, which is what a traced function must use so that a SavedModel maps it
-to the table it recreates on load). Rows are float32, shaped ``keys.shape + [dim]``. Keys must have
-the table's key dtype (int64 or int32). On bad input an op raises
-``tf.errors.InvalidArgumentError`` naming the problem, and the table is left unchanged.
+A table is a TensorFlow resource. ``table_handle`` creates a fresh core table and returns an
+anonymous, ref-counted resource handle to it (a scalar ``tf.resource`` tensor); the table is freed
+when the last copy of that handle is gone (the eager tensor, and every function that captured it).
+Every other op is stateful and takes such a handle first (``TableShard.resource``), and runs on the
+device the handle names. Rows are float32, shaped ``keys.shape + [dim]``. Keys must have the
+table's key dtype (int64 or int32). On bad input an op raises ``tf.errors.InvalidArgumentError``
+naming the problem, and the table is left unchanged.
 
 Contract used by ``dualemb/tf/saving.py`` (checkpoints):
 
-``create_table(table_id, config, optimizer="") -> int64 scalar``
-    Get-or-create the table ``table_id`` (0: a fresh random id) from a core config string
-    (``dim=8;key_dtype=int64;initializer=...``); a non-empty optimizer spec string is attached
-    (a no-op when the same spec is attached already). Returns the id.
-``export_table(table_id, key_dtype=tf.int64, dim=-1, offset=0, limit=-1) -> dict``
+``table_handle(config, optimizer="", session_name="") -> resource``
+    A fresh table from a core config string (JSON, ``{"dim": 8, "key_dtype": "int64", ...}``,
+    treated as opaque text); a non-empty optimizer spec string is attached. ``session_name`` is for graphs
+    run by a TF1 session (a SavedModel's own graph, which C++ loaders such as TF Serving run): the
+    table is then created once per session and freed when the session closes.
+``attach_table(table_id) -> resource`` / ``table_id(handle) -> int64 scalar``
+    Explicit sharing with ``dualemb.core`` / ``dualemb.jax`` in one process: a handle to an
+    existing core table (keeping it alive while the handle lives), and the core id of a handle.
+``export_table(handle, key_dtype=tf.int64, dim=-1, offset=0, limit=-1) -> dict``
     Rows ``[offset, offset + limit)`` of the table's iteration order (``limit < 0``: all rows
     from offset): ``{"keys": [n] key_dtype, "values": [n, dim] f32, "slots": [n, num_slots, dim]
     f32, "last_update": [n] i64, "update_count": [n] i64}``. The order is stable while the table
     is not modified, so paging with offset/limit is consistent.
-``import_table(table_id, keys, values, slots=None, last_update=None, update_count=None,
+``import_table(handle, keys, values, slots=None, last_update=None, update_count=None,
 clear=False) -> evicted (int64 scalar)``
     Inserts or overwrites rows; ``slots`` must be ``[n, num_slots, dim]`` of the attached
     optimizer (None: new rows get the optimizer's initial slots); None metadata is left out.
     ``clear=True`` empties the table first (restore = replace, not merge).
-``clear_table(table_id)``; ``table_size(table_id) -> int64``; ``describe(table_id) -> string``
-    (config ``|`` optimizer spec); ``get_clock(table_id)`` / ``set_clock(table_id, clock)`` (the
-    logical clock stamped into ``last_update``); ``set_optimizer(table_id, spec)``.
+``clear_table(handle)``; ``table_size(handle) -> int64``; ``describe(handle) -> string``
+    (config ``|`` optimizer spec); ``get_clock(handle)`` / ``set_clock(handle, clock)`` (the
+    logical clock stamped into ``last_update``); ``set_optimizer(handle, spec,
+    empty_detaches=True)`` (with ``empty_detaches=False`` an empty spec leaves the table as is).
 
 Others: ``find``, ``find_or_insert``, ``insert_or_assign``, ``accum``, ``erase``,
 ``apply_gradients``, ``restrict``.
@@ -39,7 +46,7 @@ from dualemb.tf._load import load_ops
 _ops = load_ops()
 
 # Table ops have no gradient of their own (training goes through dualemb/tf/trainable.py).
-for _name in ("DualembCreateTable", "DualembFind", "DualembInsertOrAssign", "DualembAccum",
+for _name in ("DualembTableHandle", "DualembTableAttach", "DualembTableId", "DualembFind", "DualembInsertOrAssign", "DualembAccum",
               "DualembErase", "DualembClear", "DualembSize", "DualembApplyGradients",
               "DualembRestrict", "DualembExport", "DualembImport", "DualembSetOptimizer",
               "DualembDescribe", "DualembGetClock", "DualembSetClock", "DualembBuildInfo"):
@@ -51,52 +58,67 @@ for _name in ("DualembCreateTable", "DualembFind", "DualembInsertOrAssign", "Dua
 RESTRICT_POLICIES = {"recency": 0, "frequency": 1, "custom": 2}
 
 
-def create_table(table_id, config: str, optimizer: str = ""):
-    return _ops.dualemb_create_table(table_id, config, optimizer)
+def table_handle(config, optimizer="", session_name: str = ""):
+    """A fresh core table (config and optimizer spec strings) as a ref-counted resource handle.
+    With ``session_name`` (only for graphs that a TF1 session runs), the table is made once in the
+    session's resource manager under that name and every run uses it."""
+    return _ops.dualemb_table_handle(config, optimizer, session_name=session_name)
 
 
-def find(table_id, keys, dim: int):
+def attach_table(table_id):
+    """A resource handle to the existing core table ``table_id``; keeps it alive while it lives."""
+    if not isinstance(table_id, (tf.Tensor, tf.Variable)):
+        table_id = tf.constant(int(table_id), tf.int64)  # never through int32
+    return _ops.dualemb_table_attach(table_id)
+
+
+def table_id(handle):
+    """The core id (int64 scalar) of the table behind ``handle``."""
+    return _ops.dualemb_table_id(handle)
+
+
+def find(table, keys, dim: int):
     """(values [keys.shape + dim], exists [keys.shape]); missing keys read as their initializer
     row and are not inserted."""
-    return _ops.dualemb_find(table_id, keys, dim=dim)
+    return _ops.dualemb_find(table, keys, dim=dim)
 
 
-def find_or_insert(table_id, keys, dim: int):
+def find_or_insert(table, keys, dim: int):
     """Like find, but missing keys are inserted with their initializer row."""
-    return _ops.dualemb_find(table_id, keys, dim=dim, insert_missing=True)
+    return _ops.dualemb_find(table, keys, dim=dim, insert_missing=True)
 
 
-def insert_or_assign(table_id, keys, values):
+def insert_or_assign(table, keys, values):
     """Writes rows (the last of duplicate keys wins). Returns how many keys a capacity evicted."""
-    return _ops.dualemb_insert_or_assign(table_id, keys, values)
+    return _ops.dualemb_insert_or_assign(table, keys, values)
 
 
-def accum(table_id, keys, deltas, exists):
+def accum(table, keys, deltas, exists):
     """TFRA's accum: absent & !exists -> insert; present & exists -> row += delta; else ignored."""
-    return _ops.dualemb_accum(table_id, keys, deltas, exists)
+    return _ops.dualemb_accum(table, keys, deltas, exists)
 
 
-def erase(table_id, keys):
-    return _ops.dualemb_erase(table_id, keys)
+def erase(table, keys):
+    return _ops.dualemb_erase(table, keys)
 
 
-def clear_table(table_id):
-    return _ops.dualemb_clear(table_id)
+def clear_table(table):
+    return _ops.dualemb_clear(table)
 
 
-def table_size(table_id):
-    return _ops.dualemb_size(table_id)
+def table_size(table):
+    return _ops.dualemb_size(table)
 
 
-def apply_gradients(table_id, keys, grads, learning_rate, step):
+def apply_gradients(table, keys, grads, learning_rate, step):
     """One fused optimizer step (the table's attached optimizer) on the rows of keys; gradients
     of duplicate keys are summed and missing keys inserted first. ``step`` is 1-based."""
-    return _ops.dualemb_apply_gradients(table_id, keys, grads,
+    return _ops.dualemb_apply_gradients(table, keys, grads,
                                         tf.cast(learning_rate, tf.float32),
                                         tf.cast(step, tf.int64))
 
 
-def restrict(table_id, num_reserved, policy: str = "recency", keys=None, scores=None,
+def restrict(table, num_reserved, policy: str = "recency", keys=None, scores=None,
              key_dtype=tf.int64):
     """Keeps the ``num_reserved`` best keys by ``policy`` ("recency", "frequency", or "custom"
     with ``scores`` for ``keys``), erasing the rest with their slots; returns how many."""
@@ -105,45 +127,51 @@ def restrict(table_id, num_reserved, policy: str = "recency", keys=None, scores=
     if keys is None:
         keys = tf.zeros([0], key_dtype)
         scores = tf.zeros([0], tf.float32)
-    return _ops.dualemb_restrict(table_id, tf.cast(num_reserved, tf.int64), keys,
+    return _ops.dualemb_restrict(table, tf.cast(num_reserved, tf.int64), keys,
                                  tf.cast(scores, tf.float32), policy=RESTRICT_POLICIES[policy])
 
 
-def export_table(table_id, key_dtype=tf.int64, dim: int = -1, offset=0, limit=-1) -> dict:
+def export_table(table, key_dtype=tf.int64, dim: int = -1, offset=0, limit=-1) -> dict:
     keys, values, slots, last, count = _ops.dualemb_export(
-        table_id, tf.cast(offset, tf.int64), tf.cast(limit, tf.int64), Tkey=key_dtype, dim=dim)
+        table, tf.cast(offset, tf.int64), tf.cast(limit, tf.int64), Tkey=key_dtype, dim=dim)
     return {"keys": keys, "values": values, "slots": slots, "last_update": last,
             "update_count": count}
 
 
-def import_table(table_id, keys, values, slots=None, last_update=None, update_count=None,
+def import_table(table, keys, values, slots=None, last_update=None, update_count=None,
                  clear: bool = False):
     keys = tf.convert_to_tensor(keys)
     values = tf.convert_to_tensor(values, tf.float32)
     empty_f = tf.zeros([0], tf.float32)
     empty_i = tf.zeros([0], tf.int64)
     return _ops.dualemb_import(
-        table_id, keys, values,
+        table, keys, values,
         empty_f if slots is None else tf.convert_to_tensor(slots, tf.float32),
         empty_i if last_update is None else tf.cast(last_update, tf.int64),
         empty_i if update_count is None else tf.cast(update_count, tf.int64),
         clear=clear)
 
 
-def set_optimizer(table_id, spec: str):
-    return _ops.dualemb_set_optimizer(table_id, spec)
+def set_optimizer(table, spec, empty_detaches: bool = True):
+    return _ops.dualemb_set_optimizer(table, spec, empty_detaches=empty_detaches)
 
 
-def describe(table_id):
-    return _ops.dualemb_describe(table_id)
+def describe(table):
+    return _ops.dualemb_describe(table)
 
 
-def get_clock(table_id):
-    return _ops.dualemb_get_clock(table_id)
+def get_clock(table):
+    return _ops.dualemb_get_clock(table)
 
 
-def set_clock(table_id, clock):
-    return _ops.dualemb_set_clock(table_id, tf.cast(clock, tf.int64))
+def set_clock(table, clock):
+    return _ops.dualemb_set_clock(table, tf.cast(clock, tf.int64))
+
+
+def rows_with_key_gradient(anchor, rows, keys):
+    """``rows`` unchanged; the gradient registered for it in ``dualemb/tf/trainable.py`` sends
+    the rows' gradient to ``anchor`` as IndexedSlices indexed by ``keys``."""
+    return _ops.dualemb_rows_with_key_gradient(anchor, rows, keys)
 
 
 def build_info() -> tuple[str, str]:

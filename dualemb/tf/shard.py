@@ -1,11 +1,20 @@
-"""``TableShard``: one core table of a ``Variable`` as a TensorFlow resource.
+"""``TableShard``: one core table of a ``Variable``, owned as a TensorFlow resource.
 
-It is a ``tf.saved_model.experimental.TrackableResource`` whose handle is the table id (an int64
-scalar tensor). Functions capture that handle, so ``tf.saved_model.save`` records how to recreate
-the table (the ``DualembCreateTable`` op with the table's config and optimizer spec) and a
-SavedModel loaded in a fresh process recreates it, under the same id, before restoring its rows.
-Tables are never destroyed when a Python object goes away (a traced function may still refer to
-the id); they live as long as the process.
+A shard is a ``tf.saved_model.experimental.TrackableResource`` whose handle is a real resource
+tensor (``DualembTableHandle``): an anonymous, ref-counted handle to a core table, placed on the
+host CPU of the Variable's ``devices`` entry, so the ops that take it run where the table lives.
+The table lives exactly as long as something references the handle — the shard, or a traced
+function that captured it — and is freed after; there is nothing to destroy by hand.
+
+``tf.saved_model.save`` records how to create the table (the handle op with the table's config and
+optimizer spec). Loading a SavedModel creates **fresh** tables owned by the loaded object and
+restores their rows from its checkpoint, so two SavedModels (two versions of one model) loaded in
+one process each serve their own rows, and neither touches the tables of the process that
+exported them.
+
+Sharing with ``dualemb.core`` / ``dualemb.jax`` in one process is explicit: ``table_id`` is the
+core id, valid while the shard lives (``dualemb.core.Table.attach(shard.table_id)``); a shard built
+with ``table_id=`` shares an existing core table and keeps it alive while it lives.
 
 A shard lists its Variable as a checkpoint dependency, so whatever reaches the shard (for instance
 Keras' ``model.export``, which collects the TrackableResources its functions use) also saves and
@@ -18,29 +27,54 @@ import weakref
 
 import tensorflow as tf
 
-from dualemb.core.spec import parse_description
+from dualemb.core.spec import parse_description, to_spec
 from dualemb.tf import ops
+
+
+def host_device(device: str) -> str:
+    """The host CPU of ``device`` (same job, replica and task): tables live in host memory."""
+    try:
+        spec = tf.DeviceSpec.from_string(device or "")
+    except ValueError as e:
+        raise ValueError(f"cannot place a table on device {device!r}: {e}") from None
+    if spec.device_type in (None, "CPU"):
+        return spec.to_string()
+    return spec.replace(device_type="CPU", device_index=0).to_string()
 
 
 class TableShard(tf.saved_model.experimental.TrackableResource):
     """One shard of a Variable.
 
+    Args:
+      config: the core config string of a new table (ignored with ``table_id``).
+      name: the shard's name.
+      optimizer_spec: a fused optimizer spec string to attach to a new table ("" for none).
+      device: where the table lives (its host CPU is used).
+      table_id: share this existing core table (made by any front end in this process) instead of
+        creating one; the shard keeps it alive while it lives.
+
     Attributes:
-      table_id: the core table id (Python int).
-      config: the core config string the table is created from.
+      table_id: the core table id (Python int), valid while the shard lives.
+      config: the core config string the table is created from (in a SavedModel too).
       optimizer_spec: the fused optimizer spec string attached to the table ("" for none).
-      resource: the table id as an int64 scalar tensor (``resource_handle``): pass this to the ops
-        inside traced functions.
+      resource: the table's resource handle tensor: pass this to the ops.
     """
 
-    def __init__(self, config: str, name: str, table_id: int = 0, optimizer_spec: str = ""):
-        super().__init__()
+    def __init__(self, config: str, name: str, optimizer_spec: str = "", device: str = "",
+                 table_id: int | None = None):
+        super().__init__(device=host_device(device))
         self.config = config
         self.optimizer_spec = optimizer_spec
         self.name = name
-        with tf.init_scope():  # create eagerly, even when the Variable is built inside a function
-            self.table_id = int(ops.create_table(table_id, config, optimizer_spec).numpy())
-            self._resource_handle = tf.constant(self.table_id, tf.int64)
+        with tf.init_scope(), tf.device(self._resource_device):
+            # Created eagerly, even when the Variable is built inside a function.
+            if table_id is None:
+                self._resource_handle = self._create_resource()
+            else:
+                self._resource_handle = ops.attach_table(table_id)
+            self.table_id = int(ops.table_id(self._resource_handle))
+        if table_id is not None:  # a SavedModel of this shard recreates the table as it is
+            self.config, self.optimizer_spec = self._description()
 
     def _bind_variable(self, variable) -> None:
         self._variable_ref = weakref.ref(variable)
@@ -54,7 +88,14 @@ class TableShard(tf.saved_model.experimental.TrackableResource):
         return children
 
     def _create_resource(self):
-        return ops.create_table(self.table_id, self.config, self.optimizer_spec)
+        # Always a fresh table: this is what a SavedModel records, so each load owns its tables.
+        session_name = ""
+        if not tf.executing_eagerly() and not tf.compat.v1.get_default_graph().building_function:
+            # A graph run by a TF1 session: the SavedModel's own graph, where tf.saved_model.save
+            # builds the TF1 saver that C++ loaders (TF Serving) run, then serve in later runs.
+            # Each run would make a new anonymous table; a name keeps one table per session.
+            session_name = f"dualemb_table_{self.table_id}"
+        return ops.table_handle(self.config, self.optimizer_spec, session_name=session_name)
 
     @property
     def resource(self):
@@ -71,6 +112,11 @@ class TableShard(tf.saved_model.experimental.TrackableResource):
         with tf.init_scope():
             text = ops.describe(self.resource).numpy().decode()
         return parse_description(text)
+
+    def _description(self) -> tuple[str, str]:
+        """(config, optimizer spec) as the strings the handle op takes ("" for no optimizer)."""
+        config, opt = self.describe()
+        return to_spec(config), ("" if opt is None else to_spec(opt))
 
     def slot_names(self) -> list[str]:
         from dualemb.core import Table  # host-side metadata through the pybind module

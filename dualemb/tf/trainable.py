@@ -24,7 +24,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from dualemb.tf import weights_snapshot
+from dualemb.tf import ops, weights_snapshot
 
 
 def _variable_name(name: str) -> str:
@@ -91,21 +91,24 @@ def trainable_wrapper_filter(iterable, test_unaggregated_function=None):
     return tuple(dense), tuple(sparse)
 
 
-@tf.custom_gradient
-def _rows_with_key_gradient(anchor, rows, keys):
-    """Identity on ``rows`` [n, dim]; the gradient goes to ``anchor`` as IndexedSlices over keys."""
-
-    def grad(dy):
+# Registered once, by op name. (tf.custom_gradient would register a new gradient function in TF's
+# global registry on every trace, never removed: the traced train step, and every table handle it
+# captured, would then stay alive for the life of the process.)
+try:
+    @tf.RegisterGradient("DualembRowsWithKeyGradient")
+    def _key_gradient(op, dy):
+        """The gradient of ``rows`` goes to ``anchor`` as IndexedSlices over the table keys."""
+        keys = op.inputs[2]
         if isinstance(dy, tf.IndexedSlices):
             values, indices = dy.values, tf.gather(keys, dy.indices)
         else:
             values, indices = dy, keys
         return tf.IndexedSlices(tf.cast(values, tf.float32), indices), None, None
-
-    return tf.identity(rows), grad
+except KeyError:  # already registered (module reloaded)
+    pass
 
 
 def attach_gradient(wrapper: TrainableWrapper, rows, keys):
     """``rows`` [n, dim] looked up for the flat ``keys`` [n], connected to ``wrapper``."""
     anchor = tf.convert_to_tensor(wrapper.value)  # a read of the anchor: the tape watches it
-    return _rows_with_key_gradient(anchor, rows, keys)
+    return ops.rows_with_key_gradient(anchor, rows, keys)

@@ -9,10 +9,14 @@ listed in ``dualemb/tf/saving.py``) and anything else that saves or inspects a V
   ``dualemb.tf.tf_checkpoint.restore_variable(var, restored_tensors)``. Those modules read only
   the attributes below and never import this one, so there is no import cycle.
 - ``var.tables``: list of ``TableShard`` (``dualemb/tf/shard.py``), one per shard, in shard order.
-  Each has ``.table_id`` (Python int, the core table id), ``.resource`` (the id as an int64 scalar
-  tensor, a TrackableResource handle: use it, not the int, inside traced save/restore functions so
-  that a SavedModel maps it to the table it recreates), ``.config`` (core config string) and
-  ``.optimizer_spec`` (spec string, "" when none).
+  Each has ``.resource`` (the table's resource handle, a TrackableResource handle: pass it to the
+  ops, also inside traced save/restore functions, so that a SavedModel maps it to the fresh table
+  it creates on load), ``.table_id`` (Python int, the core table id, for explicit sharing with
+  ``dualemb.core`` / ``dualemb.jax`` while the variable lives), ``.config`` (core config string)
+  and ``.optimizer_spec`` (spec string, "" when none). The tables are freed with the variable
+  (when nothing references their handles any more). ``var.table_handles()``: the shards'
+  handles for ops built now (in the graph a SavedModel's TF1 saver is built in, the handles TF
+  made there).
 - ``var.dim`` (int), ``var.key_dtype`` / ``var.value_dtype`` (``tf.DType``; the core stores float32
   and casts to ``value_dtype`` at the boundary), ``var.name`` (str), ``var.checkpoint`` (bool: save
   it or not), ``var.initializer_spec`` (core initializer dict), ``var.optimizer_spec`` (the fused
@@ -30,7 +34,9 @@ raise ``TypeError``; rows of the wrong shape raise ``ValueError``; the table is 
 
 from __future__ import annotations
 
+import copy
 import warnings
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -76,7 +82,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
       key_dtype: ``tf.int64`` (default) or ``tf.int32``.
       value_dtype: ``tf.float32`` (stored), or float16 / bfloat16 / float64 (cast at the boundary).
       dim: length of each row.
-      devices: one table per entry (default ``["/CPU:0"]``); tables live in host memory.
+      devices: one table per entry (default ``["/CPU:0"]``); each table lives in the host memory
+        of its entry's task (a GPU entry means that task's CPU), and the ops on it run there.
       partitioner: ``fn(keys, shard_num) -> int32 shard index``; default floored ``key mod N``.
       shared_name: unused (as in TFRA).
       name: the variable's name.
@@ -139,7 +146,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         base = name.replace("/", "_")
         n = len(devices)
         try:
-            shards = [TableShard(config_text, f"{base}_mht_{i + 1}of{n}") for i in range(n)]
+            shards = [TableShard(config_text, f"{base}_mht_{i + 1}of{n}", device=device)
+                      for i, device in enumerate(devices)]
         except tf.errors.InvalidArgumentError as e:
             raise ValueError(f"cannot create the tables of Variable {name!r}: {e.message}") from e
         if self._init_size > 0:
@@ -470,7 +478,6 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
     # ---- optimizer attachment (DynamicEmbeddingOptimizer) ------------------------------------
     def _attach_optimizer(self, spec: dict, spec_text: str, owner) -> None:
-        import weakref
         if self._optimizer_owner is not None:
             current = self._optimizer_owner()
             if current is not None and current is not owner and self._optimizer_spec != spec:
@@ -488,6 +495,23 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         self._optimizer_owner = weakref.ref(owner)
 
     # ---- checkpointing (dualemb/tf/tf_checkpoint.py) ----------------------------------------
+    def table_handles(self) -> list:
+        """The shards' resource handles, for ops built now (eagerly or in a traced function)."""
+        return [t.resource for t in self._tables]
+
+    def _export_to_saved_model_graph(self, object_map, tensor_map, options, **kwargs):
+        # tf.saved_model.save also builds a TF1 saver (save/restore ops) in the SavedModel's own
+        # graph, calling _serialize_to_tensors / _restore_from_tensors of the object it finds in
+        # object_map. That graph cannot capture this process' eager handles: give it a copy
+        # whose handles are the ones TF made there for the shards (filled into tensor_map as it
+        # exports each shard, before any save op is built).
+        exported = copy.copy(self)
+        tables = list(self._tables)
+        object.__setattr__(exported, "table_handles",
+                           lambda: [tensor_map[t.resource_handle] for t in tables])
+        object_map[self] = exported
+        return []
+
     def _serialize_to_tensors(self):
         return tf_checkpoint.serialize_variable(self)
 
@@ -502,15 +526,18 @@ class GraphKeys:
     TRAINABLE_DYNAMIC_EMBEDDING_VARIABLES = "trainable_dynamic_embedding_variables"
 
 
-_VARIABLES: dict = {}
+# get_variable's variables by name. Weak values: a variable nobody else references is freed with
+# its tables (the registry must not keep every table of the process alive forever).
+_VARIABLES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
 
 
 def get_variable(name, key_dtype=tf.int64, value_dtype=tf.float32, dim=1, devices=None,
                  partitioner=default_partition_fn, shared_name="get_variable", initializer=None,
                  trainable=True, checkpoint=True, init_size=0, kv_creator=None,
                  restrict_policy=None, bp_v2=False):
-    """The Variable named ``name`` if this process made one with ``get_variable``, otherwise a new
-    one. Reusing a name with another key/value dtype or dim raises ``ValueError``."""
+    """The Variable named ``name`` if this process made one with ``get_variable`` and it is still
+    alive, otherwise a new one. Reusing a name with another key/value dtype or dim raises
+    ``ValueError``."""
     existing = _VARIABLES.get(name)
     if existing is not None:
         if (existing.key_dtype != tf.as_dtype(key_dtype)

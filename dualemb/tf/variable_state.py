@@ -8,8 +8,8 @@ those tensors (:func:`export_tensors`), checks saved tensors against a Variable
 (:func:`import_tensors`); it also gives the core ``Table`` views of a Variable's shards that the
 common-format paths read and write (:func:`core_shards`, :func:`numpy_partitioner`).
 
-It only reads a Variable's documented attributes (``tables``, ``dim``, ``key_dtype``,
-``value_dtype``, ``name``, ``partition_fn``), so ``dualemb.tf.variable`` can import the saving
+It only reads a Variable's documented attributes (``tables``, ``table_handles()``, ``dim``,
+``key_dtype``, ``value_dtype``, ``name``, ``partition_fn``), so ``dualemb.tf.variable`` can import the saving
 paths built on it without an import cycle.
 """
 
@@ -50,11 +50,10 @@ def shard_ids(var) -> list[int]:
 
 
 def _shard_handles(var) -> list:
-    """The table ids as constants made in the current graph. Never a captured eager tensor: a
-    SavedModel cannot export the save/restore functions of a non-resource object that capture
-    one. A SavedModel's tables are re-created under their saved ids when it is loaded (by the
-    ``create_table`` calls below, and by the variable's own resources), so the ids stay valid."""
-    return [tf.constant(i, tf.int64) for i in shard_ids(var)]
+    """The shards' resource handles for ops built now (``Variable.table_handles``). A traced
+    save/restore function captures them, and a SavedModel maps each to the fresh table its loaded
+    TableShard creates, so a loaded model restores and serves its own tables."""
+    return var.table_handles()
 
 
 def tf_key_dtype(var) -> tf.DType:
@@ -153,10 +152,7 @@ def export_tensors(var) -> dict:
     facts = var_facts(var)
     kd = tf_key_dtype(var)
     parts = []
-    for res, config in zip(_shard_handles(var), facts["configs"]):
-        # Get-or-create: a no-op here, but in a SavedModel loaded in a fresh process the save
-        # function runs (to describe the checkpoint) before anything else may have made the table.
-        handle = ops.create_table(res, config, "")
+    for handle in _shard_handles(var):
         parts.append(ops.export_table(handle, key_dtype=kd, dim=facts["dim"]))
         if len(parts) == 1:
             description = ops.describe(handle)
@@ -262,10 +258,11 @@ def import_tensors(var, facts: dict, restored: dict, deps: list):
     # Attach the saved optimizer (if any) to every shard, then replace each shard's rows. The
     # import op validates shapes before it clears, and every shard agrees on them, so a bad
     # checkpoint fails before any shard changes.
-    handles = [ops.create_table(res, config, opt)
-               for res, config in zip(_shard_handles(var), facts["configs"])]
+    handles = _shard_handles(var)
+    with tf.control_dependencies(deps):  # the graph checks run before anything is written
+        attached = [ops.set_optimizer(h, opt, empty_detaches=False) for h in handles]
     results = []
-    with tf.control_dependencies(handles):
+    with tf.control_dependencies(attached):
         for h, part_fields in zip(handles, per_shard):
             results.append(ops.import_table(
                 h, part_fields["keys"], part_fields["values"], part_fields["slots"],
