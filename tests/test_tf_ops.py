@@ -75,7 +75,8 @@ def test_find_does_not_insert_and_find_or_insert_does():
     values, exists = ops.find(tid, keys, 4)
     assert values.shape == (2, 2, 4) and exists.shape == (2, 2)
     assert int(ops.table_size(tid)) == 0
-    values2, exists2 = ops.find_or_insert(tid, keys, 4)
+    values2, exists2, evicted = ops.find_or_insert(tid, keys, 4)
+    assert int(evicted) == 0  # no capacity limit
     np.testing.assert_array_equal(values.numpy(), values2.numpy())
     assert not exists2.numpy().any()
     assert int(ops.table_size(tid)) == 4

@@ -31,14 +31,17 @@ class FindOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, rows_shape, &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &exists));
     const int64_t n = keys.NumElements();
-    if (n == 0) return;
-    float* out = values->flat<float>().data();
-    auto* ex = reinterpret_cast<uint8_t*>(exists->flat<bool>().data());
-    if (insert_) {
-      DE_CORE_CALL(ctx, de_find_or_insert(id, d.key_dtype, keys.data(), n, out, ex, nullptr));
-    } else {
-      DE_CORE_CALL(ctx, de_find(id, d.key_dtype, keys.data(), n, out, ex));
+    int64_t evicted = 0;
+    if (n > 0) {
+      float* out = values->flat<float>().data();
+      auto* ex = reinterpret_cast<uint8_t*>(exists->flat<bool>().data());
+      if (insert_) {
+        DE_CORE_CALL(ctx, de_find_or_insert(id, d.key_dtype, keys.data(), n, out, ex, &evicted));
+      } else {
+        DE_CORE_CALL(ctx, de_find(id, d.key_dtype, keys.data(), n, out, ex));
+      }
     }
+    OP_REQUIRES_OK(ctx, OutputScalar(ctx, 2, evicted));
   }
 
  private:

@@ -72,6 +72,7 @@ REGISTER_OP("DualembFind")
     .Input("keys: Tkey")
     .Output("values: float")
     .Output("exists: bool")
+    .Output("evicted: int64")
     .Attr("Tkey: {int32, int64}")
     .Attr("dim: int")
     .Attr("insert_missing: bool = false")
@@ -80,10 +81,12 @@ REGISTER_OP("DualembFind")
       TF_RETURN_IF_ERROR(ScalarIdInput(c));
       TF_RETURN_IF_ERROR(RowsOfKeys(c, 1, 0));
       c->set_output(1, c->input(1));
+      c->set_output(2, c->Scalar());
       return absl::OkStatus();
     })
     .Doc(R"doc(Rows of `keys` (missing keys read as their initializer row) and whether each
-exists. With insert_missing, missing keys are inserted (find_or_insert).)doc");
+exists. With insert_missing, missing keys are inserted (find_or_insert); `evicted` is how many
+keys a capacity limit evicted for them, like every write op reports (0 without insert_missing).)doc");
 
 REGISTER_OP("DualembInsertOrAssign")
     .Input("table: resource")

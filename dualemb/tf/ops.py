@@ -80,11 +80,14 @@ def table_id(handle):
 def find(table, keys, dim: int):
     """(values [keys.shape + dim], exists [keys.shape]); missing keys read as their initializer
     row and are not inserted."""
-    return _ops.dualemb_find(table, keys, dim=dim)
+    values, exists, _ = _ops.dualemb_find(table, keys, dim=dim)
+    return values, exists
 
 
 def find_or_insert(table, keys, dim: int):
-    """Like find, but missing keys are inserted with their initializer row."""
+    """(values, exists, evicted): like find, but missing keys are inserted with their
+    initializer row; ``evicted`` is how many keys a capacity limit evicted (as every write
+    op returns)."""
     return _ops.dualemb_find(table, keys, dim=dim, insert_missing=True)
 
 

@@ -42,6 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from dualemb.core.routing import shard_of
+from dualemb.core.table import Table
 from dualemb.core.spec import to_spec
 from dualemb.tf import file_system, ops, tf_checkpoint
 from dualemb.tf import initializers as de_inits
@@ -151,7 +152,6 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         except tf.errors.InvalidArgumentError as e:
             raise ValueError(f"cannot create the tables of Variable {name!r}: {e.message}") from e
         if self._init_size > 0:
-            from dualemb.core import Table
             for shard in shards:
                 Table.attach(shard.table_id).reserve(max(1, self._init_size // n))
 
@@ -363,19 +363,21 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return (rows, exists) if return_exists else rows
 
     def upsert(self, keys, values, name=None):
-        """Inserts or overwrites the rows of ``keys`` (values: keys.shape + [dim])."""
+        """Inserts or overwrites the rows of ``keys`` (values: keys.shape + [dim]). Returns how
+        many keys a capacity limit evicted (int64 scalar, summed over the shards)."""
         keys = self._keys(keys)
         values = self._rows(values, keys, "values")
         if len(self._tables) == 1:  # the op checks shapes that are only known at run time
             return ops.insert_or_assign(self._tables[0].resource, keys, values)
         out = self._write_flat(ops.insert_or_assign, self._flat(keys),
                                self._flat_rows(values, keys, "values"))
-        return tf.group(out)
+        return tf.add_n(out)
 
     def accum(self, keys, old_values, new_values, exists, name=None):
         """bp_v2 update: per key, delta = new - old where ``exists`` else new; then a key absent
         with exists False is inserted with new, a present key with exists True gets += delta,
-        anything else is ignored (TFRA's rule)."""
+        anything else is ignored (TFRA's rule). Returns how many keys a capacity limit evicted
+        (int64 scalar, summed over the shards)."""
         keys = self._keys(keys)
         old_values = self._rows(old_values, keys, "old_values")
         new_values = self._rows(new_values, keys, "new_values")
@@ -390,7 +392,13 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         out = self._write_flat(ops.accum, self._flat(keys),
                                self._flat_rows(deltas, keys, "deltas"),
                                tf.reshape(exists, [-1]))
-        return tf.group(out)
+        return tf.add_n(out)
+
+    def evicted_total(self) -> int:
+        """How many keys capacity limits have evicted from this Variable's tables since they were
+        created, every write counted: upserts, accums, and the fused optimizer steps (which Keras
+        gives no way to return a count from). Read on the host, eagerly."""
+        return sum(Table.attach(shard.table_id).evicted_total for shard in self._tables)
 
     def remove(self, keys, name=None):
         """Erases ``keys`` (absent keys are ignored) with their slots."""
