@@ -30,11 +30,11 @@ from dualemb.jax import initializers, optimizers
 from dualemb.jax.ids import Ids, ids
 from dualemb.jax.ops import (accum, after, erase, export, find, find_or_insert, insert, lookup,
                              size)
-from dualemb.jax.table import Table, attach, block, create, destroy
+from dualemb.jax.table import Table, attach, block, create, destroy, evicted_total
 from dualemb.jax.train import apply_gradients
 
 __all__ = [
-    "Table", "create", "attach", "destroy", "block",
+    "Table", "create", "attach", "destroy", "block", "evicted_total",
     "Ids", "ids",
     "lookup", "find", "size", "export",
     "find_or_insert", "insert", "accum", "erase", "after",

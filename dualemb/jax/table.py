@@ -333,3 +333,16 @@ def destroy(table: Table) -> None:
     for tid in (table.id,) + table.slot_ids:
         if _core_module().exists(int(tid)):
             _core_module().destroy(int(tid))
+
+
+def evicted_total(table: Table) -> int:
+    """How many keys the table's capacity limit has evicted since it was created, every write
+    counted (``apply_gradients``, ``insert``, lookups that insert). Functional writes return the
+    next table, not a count, so this cumulative counter is how JAX reports evictions; it is the
+    same counter ``dualemb.core.Table.evicted_total`` and ``de.Variable.evicted_total()`` read.
+    Waits for the writes this handle depends on."""
+    if not isinstance(table, Table):
+        raise TypeError(f"expected a dualemb.jax.Table, got {type(table).__name__}")
+    block(table)
+    check_exists(table)
+    return int(_core_module().evicted_total(int(table.id)))
