@@ -111,4 +111,8 @@ except KeyError:  # already registered (module reloaded)
 def attach_gradient(wrapper: TrainableWrapper, rows, keys):
     """``rows`` [n, dim] looked up for the flat ``keys`` [n], connected to ``wrapper``."""
     anchor = tf.convert_to_tensor(wrapper.value)  # a read of the anchor: the tape watches it
+    if anchor.dtype != tf.float32:
+        # Under a float16/bfloat16 policy Keras reads variables autocast. The gradient's values
+        # come from the layer's compute-dtype output, so the round trip through it is exact.
+        anchor = tf.cast(anchor, tf.float32)
     return ops.rows_with_key_gradient(anchor, rows, keys)
