@@ -25,7 +25,6 @@ def env(devices: int) -> dict:
     e = dict(os.environ)
     e["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
     e["PYTHONPATH"] = ROOT + os.pathsep + e.get("PYTHONPATH", "")
-    e["WORKER_DEVICES"] = str(devices)
     e.pop("JAX_PLATFORMS", None)
     e["JAX_PLATFORMS"] = "cpu"
     return e

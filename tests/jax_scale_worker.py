@@ -4,7 +4,9 @@ error) on deterministic global batches, and writes this process's table state to
 
 Run as ``python tests/jax_scale_worker.py --out F [--processes P --process-id i --port N]
 [--reference] ...``; XLA_FLAGS (the device count) must be set by the caller. A reference run
-(``--reference``) trains one single-device table on the same global batches.
+(``--reference``) trains one single-device table on the same global batches. With
+``--unique-per-device``, WORKER_DRAW=K draws batches with no id repeated within each K-th of
+the batch (default: the device count; 1 = no repeat in the whole batch).
 """
 
 from __future__ import annotations
@@ -88,7 +90,7 @@ def main():
             g = jax.grad(loss_fn)(dej.lookup(t, ids), y)
             return dej.apply_gradients(t, ids, g)
 
-        for ids, y in batches(args, int(os.environ.get("WORKER_DEVICES", "1"))):
+        for ids, y in batches(args, int(os.environ.get("WORKER_DRAW", "1"))):
             table = step(table, dej.ids(ids), y)
         if args.save:
             dej.save(table, args.save)
@@ -115,7 +117,7 @@ def main():
         g = jax.grad(loss_fn)(sharded.lookup(t, ids), y)
         return sharded.apply_gradients(t, ids, g)
 
-    for ids, y in batches(args, n):
+    for ids, y in batches(args, int(os.environ.get("WORKER_DRAW", n))):
         gids = jax.make_array_from_process_local_data(
             data, dej.ids(ids[lo:lo + local]).halves, (args.batch, BAG, 2))
         gy = jax.make_array_from_process_local_data(data, y[lo:lo + local], (args.batch,))

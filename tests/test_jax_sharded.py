@@ -23,7 +23,7 @@ def reference(tmp_path, extra=(), devices=1):
     ref = tmp_path / "ref"
     ref.mkdir()
     U.check_ok(U.run_processes(ref, 1, ["--reference", *extra],
-                               extra_env={"WORKER_DEVICES": str(devices)}))
+                               extra_env={"WORKER_DRAW": str(devices)}))
     return U.load_state(ref, 1)
 
 

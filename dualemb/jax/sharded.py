@@ -416,3 +416,21 @@ def apply_gradients_replicated(table: Table, ids, grads, *, mesh: Mesh,
     version = jax.shard_map(body, mesh=mesh, in_specs=(P(), ax, ax), out_specs=P(),
                             check_vma=False)(table, keys, jnp.asarray(grads, _F32))
     return table.replace(version=version, step=table.step + 1)
+
+
+def save(table: ShardedTable, path, *, name: str = "table", page_rows: int = 1 << 16) -> None:
+    """Saves the table as ONE checkpoint in the common format (every process calls it: each
+    writes its shards, process 0 the manifest). See :mod:`dualemb.jax._sharded_checkpoint`."""
+    from dualemb.jax import _sharded_checkpoint
+    _sharded_checkpoint.save(table, path, name=name, page_rows=page_rows)
+
+
+def load(path, mesh: Mesh, *, name: str | None = None, axis: str | None = None,
+         capacity_per_shard: int | None = None, optimizer=None,
+         learning_rate=None) -> ShardedTable:
+    """Loads a checkpoint (from any number of processes or shards, or from ``dualemb.tf``) as a
+    table sharded over ``mesh`` (every process calls it), slots and step included."""
+    from dualemb.jax import _sharded_checkpoint
+    return _sharded_checkpoint.load(path, mesh, name=name, axis=axis,
+                                    capacity_per_shard=capacity_per_shard,
+                                    optimizer=optimizer, learning_rate=learning_rate)
