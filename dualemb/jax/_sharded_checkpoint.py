@@ -119,18 +119,18 @@ def _publish(table, path: str, tmp: str, name: str, step: int) -> None:
     _fs.publish(tmp, path)
 
 
-def load(path, mesh, *, name: str | None = None, axis: str | None = None,
-         capacity_per_shard: int | None = None, optimizer=None, learning_rate=None):
+def load(path, mesh, axis: str, build, *, name: str | None = None, optimizer=None,
+         learning_rate=None):
     """Loads table ``name`` of the checkpoint at ``path`` (saved by any number of processes, by
     ``dualemb.jax.save`` or by ``dualemb.tf``) as a ShardedTable over ``mesh`` (every process
     calls it). The rows are resharded by ``shard_of`` to the mesh axis' N shards; each process
     keeps its own shards (it reads the whole checkpoint once and holds the other shards' rows
-    only while loading). Optimizer and step as ``dualemb.jax.load``."""
-    from dualemb.jax import sharded
+    only while loading). Optimizer and step as ``dualemb.jax.load``. ``axis`` is the checked
+    mesh axis; ``build(shard_id_of, dim, key_dtype, optimizer, step)`` makes the table (given
+    by dualemb.jax.sharded, which imports this module)."""
     from dualemb.jax.checkpoint import table_names
     from dualemb.jax.table import canonical
     from dualemb.jax import checkpoint as _jck
-    axis = sharded._check_mesh(mesh, axis)
     manifest = _jck._ckpt.read_manifest(path)
     if name is None:
         names = table_names(path)
@@ -161,6 +161,5 @@ def load(path, mesh, *, name: str | None = None, axis: str | None = None,
             core.set_optimizer(opt.spec)  # a no-op for the saved optimizer (slots kept)
     if opt is not None and mine:
         opt = canonical(shards[min(mine)], opt)
-    return sharded._from_shards(mesh, axis, lambda d: shards[d].id, entry["dim"],
-                                str(entry["key_dtype"]), opt, int(entry.get("step") or 0),
-                                capacity_per_shard)
+    return build(lambda d: shards[d].id, entry["dim"], str(entry["key_dtype"]), opt,
+                 int(entry.get("step") or 0))

@@ -431,6 +431,10 @@ def load(path, mesh: Mesh, *, name: str | None = None, axis: str | None = None,
     """Loads a checkpoint (from any number of processes or shards, or from ``dualemb.tf``) as a
     table sharded over ``mesh`` (every process calls it), slots and step included."""
     from dualemb.jax import _sharded_checkpoint
-    return _sharded_checkpoint.load(path, mesh, name=name, axis=axis,
-                                    capacity_per_shard=capacity_per_shard,
-                                    optimizer=optimizer, learning_rate=learning_rate)
+    axis = _check_mesh(mesh, axis)
+
+    def build(shard_id_of, dim, key_dtype, opt, step):
+        return _from_shards(mesh, axis, shard_id_of, dim, key_dtype, opt, step,
+                            capacity_per_shard)
+    return _sharded_checkpoint.load(path, mesh, axis, build, name=name, optimizer=optimizer,
+                                    learning_rate=learning_rate)
