@@ -19,5 +19,7 @@ XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_erase);
 // Training (ffi_train.cc).
 XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_apply_gradients);
 XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_unique);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_exchange_check);
+XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_apply_gradients_first);
 
 #endif  // DUALEMB_JAX_FFI_HANDLERS_H_

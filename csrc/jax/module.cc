@@ -33,6 +33,8 @@ PYBIND11_MODULE(_jax_ffi, m) {
         d["dualemb_erase"] = Encapsulate(dualemb_erase);
         d["dualemb_apply_gradients"] = Encapsulate(dualemb_apply_gradients);
         d["dualemb_unique"] = Encapsulate(dualemb_unique);
+        d["dualemb_exchange_check"] = Encapsulate(dualemb_exchange_check);
+        d["dualemb_apply_gradients_first"] = Encapsulate(dualemb_apply_gradients_first);
         return d;
       },
       "{target name: PyCapsule of its XLA_FFI_Handler*} for the CPU platform.");

@@ -49,6 +49,6 @@ def __getattr__(name):
     import importlib
     if name in ("save", "load", "load_tables"):
         return getattr(importlib.import_module("dualemb.jax.checkpoint"), name)
-    if name in ("checkpoint", "nnx", "orbax", "generic", "keras_optax"):
+    if name in ("checkpoint", "nnx", "orbax", "generic", "keras_optax", "sharded"):
         return importlib.import_module(f"dualemb.jax.{name}")
     raise AttributeError(f"module 'dualemb.jax' has no attribute {name!r}")

@@ -135,3 +135,20 @@ def unique(keys, n):
     return jax.ffi.ffi_call(
         "dualemb_unique", (_sds(keys.shape, keys.dtype), _sds((n,), _i32), _sds((), _i32)),
         vmap_method="sequential")(keys)
+
+
+def exchange_check(needed, capacity, payload):
+    """``payload``, once ``needed <= capacity`` (int32 scalars) is checked; otherwise the
+    computation fails with an error naming ``capacity_per_shard`` (the sharded path's knob)."""
+    return jax.ffi.ffi_call("dualemb_exchange_check", _sds(payload.shape, payload.dtype),
+                            vmap_method="sequential")(
+        jnp.asarray(needed, _i32), jnp.asarray(capacity, _i32), payload)
+
+
+def apply_gradients_first(handle, version, keys, grads, lr, step_code, count):
+    """Next version; :func:`apply_gradients` on the first ``count`` keys and gradients only
+    (the rest of the buffers is padding)."""
+    return jax.ffi.ffi_call("dualemb_apply_gradients_first", _next(version),
+                            has_side_effect=True, vmap_method=_VMAP)(
+        *_table(handle, version), keys, grads, jnp.asarray(lr, _f32),
+        jax.lax.stop_gradient(step_code), jnp.asarray(count, _i32))

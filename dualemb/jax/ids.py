@@ -67,6 +67,18 @@ class Ids:
             raise IndexError("Ids does not support Ellipsis indexing")
         return Ids(self.halves[index + (slice(None),)])
 
+    def __mod__(self, n) -> jax.Array:
+        """Floored ``ids mod n`` as int32 (what :func:`dualemb.core.routing.shard_of` computes on
+        any integer array), from the pairs without forming int64: with ``v = hi * 2**32 + lo``
+        (``hi`` signed), ``v mod n = ((hi mod n) * (2**32 mod n) + lo mod n) mod n``."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or not 0 < n <= 46340:
+            raise ValueError(f"Ids % n needs a Python int n in [1, 46340], got {n!r}")
+        n = int(n)
+        halves = jnp.asarray(self.halves)
+        lo = halves[..., 0] % jnp.uint32(n)
+        hi = halves[..., 1].astype(jnp.int32) % jnp.int32(n)  # floored: in [0, n)
+        return (hi * jnp.int32(2**32 % n) + lo.astype(jnp.int32)) % jnp.int32(n)
+
     def numpy(self) -> np.ndarray:
         """The ids as a numpy int64 array (host)."""
         h = np.ascontiguousarray(np.asarray(self.halves, dtype=np.uint32)).reshape(-1)

@@ -1,0 +1,143 @@
+"""Worker of the JAX scale-out tests (tests/test_jax_sharded.py, tests/test_jax_multiprocess.py):
+trains a small model (an embedding table summed per example, a fixed linear head, squared
+error) on deterministic global batches, and writes this process's table state to an .npz.
+
+Run as ``python tests/jax_scale_worker.py --out F [--processes P --process-id i --port N]
+[--reference] ...``; XLA_FLAGS (the device count) must be set by the caller. A reference run
+(``--reference``) trains one single-device table on the same global batches. With
+``--unique-per-device``, WORKER_DRAW=K draws batches with no id repeated within each K-th of
+the batch (default: the device count; 1 = no repeat in the whole batch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+DIM = 4
+BAG = 3  # ids per example
+
+
+def parse():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--processes", type=int, default=1)
+    p.add_argument("--process-id", type=int, default=0)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--start-step", type=int, default=0, help="first batch index (continuation)")
+    p.add_argument("--batch", type=int, default=16, help="global examples per step")
+    p.add_argument("--unique-per-device", action="store_true",
+                   help="no id repeats within one device's batch (exact summation order)")
+    p.add_argument("--reference", action="store_true")
+    p.add_argument("--capacity", type=int, default=0)
+    p.add_argument("--save", default="")
+    p.add_argument("--load", default="")
+    p.add_argument("--die-after-init", action="store_true")
+    p.add_argument("--callback", action="store_true", help="force the host-callback path")
+    return p.parse_args()
+
+
+def batches(args, num_devices):
+    import numpy as np
+    for s in range(args.start_step, args.start_step + args.steps):
+        rng = np.random.default_rng(1000 + s)
+        n = args.batch * BAG
+        if args.unique_per_device:
+            per = n // num_devices
+            ids = np.concatenate([rng.choice(200, per, replace=False) for _ in range(num_devices)])
+        else:
+            ids = rng.integers(0, 60, n)
+        ids = (ids.astype(np.int64) - 100) * (2**33 + 1)  # negative and above 2**32 too
+        y = rng.normal(size=(args.batch,)).astype(np.float32)
+        yield ids.reshape(args.batch, BAG), y
+
+
+def main():
+    args = parse()
+    import jax
+    if args.processes > 1:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=f"127.0.0.1:{args.port}",
+                                   num_processes=args.processes, process_id=args.process_id,
+                                   initialization_timeout=60, heartbeat_timeout_seconds=10,
+                                   shutdown_timeout_seconds=10)
+        if args.die_after_init and args.process_id == args.processes - 1:
+            os._exit(3)  # a crash: no goodbye to the coordinator
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import dualemb.jax as dej
+    from dualemb.core.routing import shard_of
+    from dualemb.jax import sharded
+
+    w = jnp.asarray(np.linspace(-1.0, 1.0, DIM), jnp.float32)
+    init = dej.initializers.normal(0.0, 0.1, seed=7)
+    opt = dej.optimizers.adam(0.05)
+
+    def loss_fn(rows, y):
+        return jnp.sum((rows.sum(axis=1) @ w - y) ** 2)
+
+    out = {}
+    if args.reference:
+        table = dej.load(args.load) if args.load else dej.create(DIM, initializer=init,
+                                                                  optimizer=opt)
+
+        @jax.jit
+        def step(t, ids, y):
+            g = jax.grad(loss_fn)(dej.lookup(t, ids), y)
+            return dej.apply_gradients(t, ids, g)
+
+        for ids, y in batches(args, int(os.environ.get("WORKER_DRAW", "1"))):
+            table = step(table, dej.ids(ids), y)
+        if args.save:
+            dej.save(table, args.save)
+        e = table.core().export(0, 10**6)
+        out.update(keys=e["keys"], values=e["values"], slots=e["slots"],
+                   step=int(table.step))
+        np.savez(args.out, **out)
+        return
+
+    mesh = Mesh(np.array(jax.devices()), ("shards",))
+    n = mesh.devices.size
+    cap = args.capacity or None
+    if args.load:
+        table = sharded.load(args.load, mesh, capacity_per_shard=cap)
+    else:
+        table = sharded.create(mesh, DIM, initializer=init, optimizer=opt,
+                               capacity_per_shard=cap)
+    data = NamedSharding(mesh, P("shards"))
+    local = args.batch // args.processes
+    lo = args.process_id * local
+
+    @jax.jit
+    def step(t, ids, y):
+        g = jax.grad(loss_fn)(sharded.lookup(t, ids), y)
+        return sharded.apply_gradients(t, ids, g)
+
+    for ids, y in batches(args, int(os.environ.get("WORKER_DRAW", n))):
+        gids = jax.make_array_from_process_local_data(
+            data, dej.ids(ids[lo:lo + local]).halves, (args.batch, BAG, 2))
+        gy = jax.make_array_from_process_local_data(data, y[lo:lo + local], (args.batch,))
+        table = step(table, dej.Ids(gids), gy)
+    if args.save:
+        sharded.save(table, args.save)
+    keys, values, slots = [], [], []
+    for d, t in sorted(table.local_tables().items()):
+        e = t.core().export(0, 10**6)
+        assert (np.asarray(shard_of(e["keys"], n)) == d).all(), "a row on a wrong shard"
+        keys.append(e["keys"]), values.append(e["values"]), slots.append(e["slots"])
+    out.update(keys=np.concatenate(keys), values=np.concatenate(values),
+               slots=np.concatenate(slots),
+               step=int(next(iter(table.local_tables().values())).step))
+    np.savez(args.out, **out)
+    if args.processes > 1:
+        # Everyone has read its state before anyone leaves (the coordinator is process 0).
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices("dualemb-test-done")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
