@@ -6,13 +6,14 @@
 #include <unordered_map>
 
 #include "random.h"
+#include "storage/factory.h"
 
 namespace dualemb {
 namespace {
 
 struct Registry {
   std::mutex mu;
-  std::unordered_map<int64_t, std::shared_ptr<Table>> tables;
+  std::unordered_map<int64_t, std::shared_ptr<Storage>> tables;
   uint64_t counter = 0;
 };
 
@@ -34,13 +35,13 @@ int64_t fresh_id(Registry& r) {
 
 int64_t create_table(int64_t id, const std::string& config) {
   if (id < 0) throw std::invalid_argument("table id must be a non-negative 63-bit integer");
-  auto table = std::make_shared<Table>(config);  // validates config before touching the registry
+  auto table = make_storage(config);  // validates config before touching the registry
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   if (id == 0) id = fresh_id(r);
   auto it = r.tables.find(id);
   if (it != r.tables.end()) {
-    const Table& t = *it->second;
+    const Storage& t = *it->second;
     if (t.dim() != table->dim() || t.key_dtype() != table->key_dtype())
       throw std::invalid_argument("table " + std::to_string(id) + " exists with dim " +
                                   std::to_string(t.dim()) + " and another config");
@@ -50,7 +51,7 @@ int64_t create_table(int64_t id, const std::string& config) {
   return id;
 }
 
-std::shared_ptr<Table> get_table(int64_t id) {
+std::shared_ptr<Storage> get_table(int64_t id) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.tables.find(id);

@@ -7,7 +7,7 @@
 #include <memory>
 #include <string>
 
-#include "table.h"
+#include "storage/storage.h"
 
 namespace dualemb {
 
@@ -15,7 +15,7 @@ namespace dualemb {
 // key dtype as `config` asks for.
 int64_t create_table(int64_t id, const std::string& config);
 // Throws std::out_of_range naming the id if no such table exists.
-std::shared_ptr<Table> get_table(int64_t id);
+std::shared_ptr<Storage> get_table(int64_t id);
 bool table_exists(int64_t id);
 bool destroy_table(int64_t id);
 
