@@ -80,7 +80,8 @@ redisContext* RedisConnection::open(const std::string& host, int port, bool with
     if (!r || r->type == REDIS_REPLY_ERROR) {
       std::string why = r ? reply_text(r.get()) : std::string(c->errstr);
       if (!r && timed_out(c))
-        why = "no answer within " + std::to_string(options_.command_timeout_ms) + " ms";
+        why = "did not answer within " + std::to_string(options_.command_timeout_ms) +
+              " ms (server down, paused or overloaded?)";
       redisFree(c);
       throw RedisError("redis at " + at + ": " + doing + " failed: " + why);
     }
