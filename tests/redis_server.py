@@ -26,10 +26,24 @@ def require_redis() -> None:
             pytest.skip(f"{tool} is not installed (Debian/Ubuntu package: redis-server)")
 
 
-def free_port() -> int:
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port(cluster: bool = False) -> int:
+    """A free port; for a cluster node also its bus port (port + 10000, which must exist)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if not cluster or (port + 10000 <= 65535 and _bindable(port + 10000)):
+            return port
+    raise RuntimeError("no free port (with a free cluster bus port) found")
 
 
 class RedisServer:
@@ -38,7 +52,7 @@ class RedisServer:
     def __init__(self, port: int | None = None, password: str | None = None,
                  cluster: bool = False):
         require_redis()
-        self.port = port or free_port()
+        self.port = port or free_port(cluster)
         self.password = password
         self.dir = tempfile.mkdtemp(prefix="dualemb-redis-")
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
@@ -49,8 +63,8 @@ class RedisServer:
         if cluster:
             args += ["--cluster-enabled", "yes", "--cluster-config-file",
                      os.path.join(self.dir, "nodes.conf"), "--cluster-node-timeout", "2000"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     cwd=self.dir)
+        self.args = args
+        self.proc = self._spawn()
         self._wait_ready()
 
     @property
@@ -68,7 +82,9 @@ class RedisServer:
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server on port {self.port} exited at start")
+                with open(os.path.join(self.dir, "server.log"), errors="replace") as f:
+                    log = f.read()[-2000:]
+                raise RuntimeError(f"redis-server on port {self.port} exited at start:\n{log}")
             try:
                 if self.cli("PING", timeout=2.0) == "PONG":
                     return
@@ -95,12 +111,13 @@ class RedisServer:
 
     def restart(self) -> None:
         self.stop()
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.dir, "--protected-mode", "no"]
-            + (["--requirepass", self.password] if self.password else []),
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=self.dir)
+        self.proc = self._spawn()
         self._wait_ready()
+
+    def _spawn(self) -> subprocess.Popen:
+        # The server's log stays in its directory, for the error message if it fails to start.
+        with open(os.path.join(self.dir, "server.log"), "ab") as log:
+            return subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, cwd=self.dir)
 
     def cleanup(self) -> None:
         self.stop()
