@@ -5,6 +5,7 @@ Every server is started by the test (tests/redis_server.py) on a free 127.0.0.1 
 its pid in a fixture teardown."""
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -191,6 +192,12 @@ def test_describe_round_trips_the_redis_config(server):
     config, _ = t.describe()
     again = Table(dim=config["dim"], backend={"redis": config["redis"]})
     assert again.describe() == t.describe()
+    # The core's text is Python's canonical JSON byte for byte (exact types kept).
+    from dualemb.core.spec import canonical
+    from dualemb.core.table import _core
+    text = _core.describe(t.id)
+    text = text.decode() if isinstance(text, bytes) else text
+    assert text == canonical(json.loads(text))
     assert config["backend"] == "redis" and config["redis"]["storage_slice"] == 2
 
 

@@ -116,7 +116,7 @@ def find_config_file(redis_config_abs_dir=None, redis_config_abs_dir_env=None) -
     ``redis_config_abs_dir_env``, then by ``TFRA_REDIS_CONFIG_PATH``, then
     ``redis_config_abs_dir``. Raises ValueError naming what was tried when none exists."""
     tried = []
-    for var in (redis_config_abs_dir_env, "TFRA_REDIS_CONFIG_PATH"):
+    for var in dict.fromkeys((redis_config_abs_dir_env, "TFRA_REDIS_CONFIG_PATH")):
         if not var:
             continue
         path = os.environ.get(var)
