@@ -1,5 +1,9 @@
-"""Behaviour of dualemb.core.Table against plain-Python references (dicts of numpy rows)."""
+"""Behaviour of dualemb.core.Table against plain-Python references (dicts of numpy rows).
 
+The behavioural tests run on both storage backends: in memory and in a Redis server started for
+this module (tests/redis_server.py; skipped, naming the package, without redis-server)."""
+
+import itertools
 import threading
 
 import numpy as np
@@ -8,21 +12,45 @@ import pytest
 from dualemb.core import Table, initializers
 
 
+@pytest.fixture(scope="module")
+def redis_server():
+    from redis_server import RedisServer
+    server = RedisServer()
+    try:
+        yield server
+    finally:
+        server.cleanup()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make(request):
+    """A Table factory for one backend; every Redis table gets a name of its own."""
+    if request.param == "memory":
+        return Table
+    server = request.getfixturevalue("redis_server")
+    names = itertools.count()
+
+    def make_table(**kwargs):
+        name = f"{request.node.name}-{next(names)}"
+        return Table(**kwargs, backend={"redis": {"name": name, "addresses": [server.address]}})
+    return make_table
+
+
 def as_dict(table):
     out = table.export()
     return {int(k): v for k, v in zip(out["keys"], out["values"])}
 
 
-def test_find_missing_reads_initializer_and_does_not_insert():
-    t = Table(dim=3, initializer=7.5)
+def test_find_missing_reads_initializer_and_does_not_insert(make):
+    t = make(dim=3, initializer=7.5)
     values, exists = t.find(np.array([1, 2, 3]))
     np.testing.assert_array_equal(values, np.full((3, 3), 7.5, np.float32))
     assert not exists.any()
     assert t.size() == 0
 
 
-def test_insert_find_any_key_shape():
-    t = Table(dim=2)
+def test_insert_find_any_key_shape(make):
+    t = make(dim=2)
     keys = np.array([[10, 20, 30], [40, 50, 60]])
     vals = np.arange(12, dtype=np.float32).reshape(2, 3, 2)
     t.insert_or_assign(keys, vals)
@@ -32,15 +60,15 @@ def test_insert_find_any_key_shape():
     assert exists.all()
 
 
-def test_last_duplicate_wins_on_insert():
-    t = Table(dim=1)
+def test_last_duplicate_wins_on_insert(make):
+    t = make(dim=1)
     t.insert_or_assign(np.array([5, 5, 5]), np.array([[1.0], [2.0], [3.0]], np.float32))
     assert as_dict(t) == {5: np.float32(3.0)} or as_dict(t)[5][0] == 3.0
     assert t.size() == 1
 
 
-def test_find_or_insert_inserts_initializer_rows():
-    t = Table(dim=4, initializer=initializers.normal(0, 1, seed=9))
+def test_find_or_insert_inserts_initializer_rows(make):
+    t = make(dim=4, initializer=initializers.normal(0, 1, seed=9))
     expected = t.initial_values(np.array([1, 2]))
     values, exists = t.find_or_insert(np.array([1, 2, 1]))
     assert not exists.any()  # the repeated key did not exist before the call either
@@ -50,8 +78,8 @@ def test_find_or_insert_inserts_initializer_rows():
     np.testing.assert_array_equal(t.find(np.array([2]))[0][0], expected[1])
 
 
-def test_accum_follows_tfra_rule():
-    t = Table(dim=2)
+def test_accum_follows_tfra_rule(make):
+    t = make(dim=2)
     t.insert_or_assign(np.array([1, 2]), np.ones((2, 2), np.float32))
     keys = np.array([1, 2, 3, 4])
     deltas = np.full((4, 2), 0.5, np.float32)
@@ -64,8 +92,8 @@ def test_accum_follows_tfra_rule():
     assert 4 not in d                                # absent & exists -> ignored
 
 
-def test_erase_clear_size_and_reinsert():
-    t = Table(dim=2)
+def test_erase_clear_size_and_reinsert(make):
+    t = make(dim=2)
     rng = np.random.default_rng(0)
     keys = rng.choice(1 << 40, 5000, replace=False)
     vals = rng.normal(size=(5000, 2)).astype(np.float32)
@@ -84,8 +112,8 @@ def test_erase_clear_size_and_reinsert():
     np.testing.assert_array_equal(t.find(keys[:3])[0], vals[:3])
 
 
-def test_int32_keys():
-    t = Table(dim=2, key_dtype="int32")
+def test_int32_keys(make):
+    t = make(dim=2, key_dtype="int32")
     keys = np.array([-5, 0, 2**31 - 1], np.int32)
     t.insert_or_assign(keys, np.arange(6, dtype=np.float32).reshape(3, 2))
     out = t.export()
@@ -95,8 +123,8 @@ def test_int32_keys():
         t.find(np.array([2**40]))
 
 
-def test_paged_export_covers_every_row_once():
-    t = Table(dim=3)
+def test_paged_export_covers_every_row_once(make):
+    t = make(dim=3)
     keys = np.arange(10_000, dtype=np.int64) * 7919
     t.insert_or_assign(keys, np.repeat(keys[:, None], 3, 1).astype(np.float32))
     pages = list(t.export_pages(page_size=777))
@@ -107,12 +135,12 @@ def test_paged_export_covers_every_row_once():
         np.testing.assert_array_equal(p["values"][:, 0], p["keys"].astype(np.float32))
 
 
-def test_import_rows_with_metadata_roundtrip():
-    src = Table(dim=2)
+def test_import_rows_with_metadata_roundtrip(make):
+    src = make(dim=2)
     src.insert_or_assign(np.array([1, 2, 3]), np.ones((3, 2), np.float32))
     src.insert_or_assign(np.array([2]), np.full((1, 2), 2.0, np.float32))
     out = src.export()
-    dst = Table(dim=2)
+    dst = make(dim=2)
     dst.import_rows(out["keys"], out["values"], None, out["last_update"], out["update_count"])
     back = dst.export()
     order = np.argsort(back["keys"]), np.argsort(out["keys"])
@@ -121,8 +149,8 @@ def test_import_rows_with_metadata_roundtrip():
     assert dict(zip(out["keys"].tolist(), out["update_count"].tolist())) == {1: 1, 2: 2, 3: 1}
 
 
-def test_restrict_by_recency_frequency_and_custom():
-    t = Table(dim=1)
+def test_restrict_by_recency_frequency_and_custom(make):
+    t = make(dim=1)
     for step in range(5):  # key k last written at step k, written (5 - k) times in total
         keys = np.arange(step, 5)
         t.insert_or_assign(keys, np.zeros((keys.size, 1), np.float32))
@@ -130,14 +158,14 @@ def test_restrict_by_recency_frequency_and_custom():
     assert t.restrict(3, by="recency") == 2
     assert sorted(as_dict(t)) == [0, 3, 4]
 
-    t2 = Table(dim=1)
+    t2 = make(dim=1)
     for step in range(5):
         keys = np.arange(0, 5 - step)  # key k written 5 - k times
         t2.insert_or_assign(keys, np.zeros((keys.size, 1), np.float32))
     assert t2.restrict(2, by="frequency") == 3
     assert sorted(as_dict(t2)) == [0, 1]
 
-    t3 = Table(dim=1)
+    t3 = make(dim=1)
     t3.insert_or_assign(np.arange(6), np.zeros((6, 1), np.float32))
     removed = t3.restrict(2, by="custom", keys=np.array([4, 1, 2]), scores=np.array([9.0, 8.0, -1.0]))
     assert removed == 4 and sorted(as_dict(t3)) == [1, 4]

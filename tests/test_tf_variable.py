@@ -269,8 +269,10 @@ def test_hkv_creator_bounds_the_table():
     v.upsert(np.arange(20, dtype=np.int64), np.zeros((20, 2), np.float32))
     assert int(v.size()) <= 8
     assert isinstance(de.CuckooHashTableCreator(config=de.CuckooHashTableConfig()), de.KVCreator)
-    with pytest.raises(NotImplementedError):
-        _var(dim=2, kv_creator=de.RedisTableCreator())
+    # Redis tables are real now (tests/test_redis_tf.py); without a config file: ValueError.
+    if "TFRA_REDIS_CONFIG_PATH" not in os.environ:
+        with pytest.raises(ValueError, match="no Redis config file found"):
+            _var(dim=2, kv_creator=de.RedisTableCreator())
 
 
 def test_tables_contract():

@@ -11,7 +11,7 @@
 #include "memory_block.h"
 #include "registry.h"
 
-using dualemb::Table;
+using Table = dualemb::Storage;
 
 namespace {
 

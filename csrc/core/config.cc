@@ -297,6 +297,38 @@ std::vector<double> Config::get_doubles(const std::string& name) const {
   return out;
 }
 
+std::vector<std::string> Config::get_strings(const std::string& name,
+                                             const std::vector<std::string>& fallback) const {
+  auto it = impl_->value.find(name);
+  if (it == impl_->value.end()) {
+    impl_->record(name, fallback);
+    return fallback;
+  }
+  std::vector<std::string> out;
+  if (!it->is_array()) wrong_type(impl_->what, name, "a list of strings", *it);
+  for (const Json& item : *it) {
+    if (!item.is_string()) wrong_type(impl_->what, name, "a list of strings", *it);
+    out.push_back(item.get<std::string>());
+  }
+  impl_->record(name, *it);
+  return out;
+}
+
+Config Config::get_object(const std::string& name, const std::string& what) const {
+  auto it = impl_->value.find(name);
+  auto child = std::make_unique<Impl>();
+  child->what = what;
+  child->echo = Json::object();
+  if (it == impl_->value.end()) {
+    child->value = Json::object();
+  } else {
+    if (!it->is_object()) wrong_type(impl_->what, name, "a JSON object", *it);
+    child->value = *it;
+  }
+  impl_->read.insert(name);
+  return Config(std::move(child));
+}
+
 void Config::check_known(const std::set<std::string>& known, const std::string& what) const {
   for (auto it = impl_->value.begin(); it != impl_->value.end(); ++it) {
     if (!known.count(it.key())) {

@@ -47,6 +47,13 @@ class Config {
   bool get_bool(const std::string& name, bool fallback) const;  // JSON true / false
   // A JSON list of finite numbers (empty if absent).
   std::vector<double> get_doubles(const std::string& name) const;
+  // A JSON list of strings (`fallback` if absent).
+  std::vector<std::string> get_strings(const std::string& name,
+                                       const std::vector<std::string>& fallback) const;
+  // A member that is itself a JSON object, as a spec of its own (`what` names it in errors); an
+  // empty object if absent. The member enters this spec's echo only through set_echo (with the
+  // child's echo, so its defaults are described too).
+  Config get_object(const std::string& name, const std::string& what) const;
   // Throws std::invalid_argument naming the first member not in `known` (`what` names the
   // context).
   void check_known(const std::set<std::string>& known, const std::string& what) const;

@@ -6,12 +6,13 @@
 #include <unordered_map>
 
 #include "random.h"
+#include "storage/factory.h"
 
 namespace dualemb {
 namespace {
 
 struct Entry {
-  std::shared_ptr<Table> table;
+  std::shared_ptr<Storage> table;
   int64_t owners = 1;
 };
 
@@ -39,13 +40,13 @@ int64_t fresh_id(Registry& r) {
 
 int64_t create_table(int64_t id, const std::string& config) {
   if (id < 0) throw std::invalid_argument("table id must be a non-negative 63-bit integer");
-  auto table = std::make_shared<Table>(config);  // validates config before touching the registry
+  auto table = make_storage(config);  // validates config before touching the registry
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   if (id == 0) id = fresh_id(r);
   auto it = r.tables.find(id);
   if (it != r.tables.end()) {
-    const Table& t = *it->second.table;
+    const Storage& t = *it->second.table;
     if (t.dim() != table->dim() || t.key_dtype() != table->key_dtype())
       throw std::invalid_argument("table " + std::to_string(id) + " exists with dim " +
                                   std::to_string(t.dim()) + " and another config");
@@ -60,7 +61,7 @@ int64_t create_table(int64_t id, const std::string& config) {
                           " (not created or loaded in this process, or already freed)");
 }
 
-std::shared_ptr<Table> get_table(int64_t id) {
+std::shared_ptr<Storage> get_table(int64_t id) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.tables.find(id);
@@ -77,7 +78,7 @@ void retain_table(int64_t id) {
 }
 
 bool release_table(int64_t id) {
-  std::shared_ptr<Table> last;  // freed after the lock is released: freeing a big table is slow
+  std::shared_ptr<Storage> last;  // freed after the lock is released: freeing a big table is slow
   Registry& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mu);
@@ -97,7 +98,7 @@ bool table_exists(int64_t id) {
 }
 
 bool destroy_table(int64_t id) {
-  std::shared_ptr<Table> last;  // freed after the lock is released
+  std::shared_ptr<Storage> last;  // freed after the lock is released
   Registry& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mu);

@@ -14,7 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "table.h"
+#include "storage/storage.h"
 
 namespace dualemb {
 
@@ -24,7 +24,7 @@ namespace dualemb {
 // table does not change its owner count.
 int64_t create_table(int64_t id, const std::string& config);
 // Throws std::out_of_range naming the id if no such table exists.
-std::shared_ptr<Table> get_table(int64_t id);
+std::shared_ptr<Storage> get_table(int64_t id);
 bool table_exists(int64_t id);
 // Adds an owner; throws std::out_of_range if no such table exists.
 void retain_table(int64_t id);

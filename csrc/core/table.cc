@@ -12,22 +12,17 @@
 #include "hash.h"
 #include "memory_block.h"
 #include "thread_pool.h"
+#include "storage/table_options.h"
 
 namespace dualemb {
 namespace {
 
-constexpr int64_t kMaxDim = 1 << 16;
 constexpr int64_t kReadTask = 4096;      // keys per task of a parallel read
 constexpr int64_t kParallelMin = 2048;   // smaller batches run on the calling thread
 
 // Update counts saturate instead of wrapping around.
 inline void bump_count(uint32_t& c) { c += c != UINT32_MAX; }
 
-int parse_key_dtype(const std::string& s) {
-  if (s == "int64") return 0;
-  if (s == "int32") return 1;
-  throw std::invalid_argument("unsupported key_dtype '" + s + "' (supported: int64, int32)");
-}
 
 // Small open-addressing map from key to a dense index, for summing duplicate gradients. The
 // constructor only allocates; init() (which cannot fail) clears it right before use, while the
@@ -68,36 +63,19 @@ class DedupMap {
 
 Table::Table(const std::string& config_text) {
   Config c = Config::parse(config_text, "table config");
-  c.check_known({"dim", "key_dtype", "value_dtype", "initializer", "seed", "mean", "stddev",
-                 "minval", "maxval", "value", "values", "capacity", "evict_policy",
-                 "num_threads"},
-                "table config");
-  if (!c.has("dim")) throw std::invalid_argument("table config needs dim");
-  dim_ = c.get_int("dim", 0);
-  if (dim_ <= 0 || dim_ > kMaxDim)
-    throw std::invalid_argument("dim must be in [1, " + std::to_string(kMaxDim) + "], got " +
-                                std::to_string(dim_));
-  key_dtype_ = parse_key_dtype(c.get_string("key_dtype", "int64"));
-  std::string vdt = c.get_string("value_dtype", "float32");
-  if (vdt != "float32")
-    throw std::invalid_argument("unsupported value_dtype '" + vdt + "' (supported: float32)");
-  init_ = Initializer::from_config(c, dim_);
-  capacity_ = c.get_int("capacity", 0);
-  if (capacity_ < 0) throw std::invalid_argument("capacity must be >= 0 (0 = unlimited)");
-  std::string ep = c.get_string("evict_policy", "recency");
-  if (ep == "recency") evict_policy_ = RestrictBy::kRecency;
-  else if (ep == "frequency") evict_policy_ = RestrictBy::kFrequency;
-  else throw std::invalid_argument("unknown evict_policy '" + ep + "' (recency, frequency)");
-  num_threads_ = static_cast<int>(c.get_int("num_threads", 0));
-  if (num_threads_ < 0) throw std::invalid_argument("num_threads must be >= 0 (0 = all cores)");
-  // A setting of this process (de_set_num_threads changes it), not part of the description.
-  c.drop_echo("num_threads");
-  // A known member that this config does not use (a seed for zeros, minval for normal) is
-  // refused rather than ignored: the caller meant something this table will not do.
-  const std::string unused = c.first_unread();
-  if (!unused.empty())
-    throw std::invalid_argument("table config: '" + unused + "' does not apply to initializer '" +
-                                c.get_string("initializer", "zeros") + "'");
+  c.check_known(table_option_names(), "table config");
+  // Given explicitly, the backend is echoed by describe(); absent, describe() leaves it out.
+  if (c.has("backend") && c.get_string("backend", "memory") != "memory")
+    throw std::invalid_argument("table config: the in-memory table got backend '" +
+                                c.get_string("backend", "") + "'");
+  TableOptions o = read_table_options(c);
+  dim_ = o.dim;
+  key_dtype_ = o.key_dtype;
+  init_ = o.init;
+  capacity_ = o.capacity;
+  evict_policy_ = o.evict_policy;
+  num_threads_ = o.num_threads;
+  refuse_unused(c);
   config_json_ = c.echo();  // every member read above, as given or defaulted
   int64_t shift = chunk_shift_for(dim_);
   for (int i = 0; i < kNumShards; ++i) shards_.emplace_back(new Shard(dim_, shift));

@@ -20,50 +20,54 @@
 #include "key_index.h"
 #include "optimizer.h"
 #include "row_store.h"
+#include "storage/storage.h"
 
 namespace dualemb {
 
-enum class RestrictBy { kRecency = 0, kFrequency = 1, kCustom = 2 };
-
-class Table {
+// The in-memory backend of Storage (storage/storage.h), and the default.
+class Table final : public Storage {
  public:
   // Throws std::invalid_argument for a bad config (names the problem).
   explicit Table(const std::string& config);
 
-  int64_t dim() const { return dim_; }
-  int key_dtype() const { return key_dtype_; }
-  int num_slots() const;
+  int64_t dim() const override { return dim_; }
+  int key_dtype() const override { return key_dtype_; }
+  int num_slots() const override;
   // {"config":{...},"optimizer":{...}|null} as canonical JSON (config.h).
-  std::string describe() const;
-  std::vector<std::string> slot_names() const;
-  void set_optimizer(const std::string& spec);
-  void set_num_threads(int n) { num_threads_ = n; }
+  std::string describe() const override;
+  std::vector<std::string> slot_names() const override;
+  void set_optimizer(const std::string& spec) override;
+  void set_num_threads(int n) override { num_threads_ = n; }
 
   // All keys are int64 here; the C ABI widens int32 keys at the boundary.
-  void find(const int64_t* keys, int64_t n, float* values, uint8_t* exists) const;
-  int64_t find_or_insert(const int64_t* keys, int64_t n, float* values, uint8_t* exists);
-  int64_t insert_or_assign(const int64_t* keys, int64_t n, const float* values);
-  int64_t accum(const int64_t* keys, int64_t n, const float* deltas, const uint8_t* exists);
-  void erase(const int64_t* keys, int64_t n);
-  void clear();
-  int64_t size() const;
-  void reserve(int64_t n);
+  void find(const int64_t* keys, int64_t n, float* values, uint8_t* exists) const override;
+  int64_t find_or_insert(const int64_t* keys, int64_t n, float* values,
+                         uint8_t* exists) override;
+  int64_t insert_or_assign(const int64_t* keys, int64_t n, const float* values) override;
+  int64_t accum(const int64_t* keys, int64_t n, const float* deltas,
+                const uint8_t* exists) override;
+  void erase(const int64_t* keys, int64_t n) override;
+  void clear() override;
+  int64_t size() const override;
+  void reserve(int64_t n) override;
   int64_t apply_gradients(const int64_t* keys, int64_t n, const float* grads, float lr,
-                          int64_t step);
+                          int64_t step) override;
   int64_t restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys, const float* scores,
-                   int64_t n);
+                   int64_t n) override;
   // `slots_given` is the slot count the caller sized `slots` for (-1: no slots buffer); a
   // mismatch with the table's (checked under the lock) throws.
   int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, float* values, float* slots,
-                      int slots_given, int64_t* last_update, int64_t* update_count) const;
+                      int slots_given, int64_t* last_update,
+                      int64_t* update_count) const override;
   int64_t import_rows(const int64_t* keys, int64_t n, const float* values, const float* slots,
-                      int slots_given, const int64_t* last_update, const int64_t* update_count);
-  void initial_values(const int64_t* keys, int64_t n, float* values) const;
+                      int slots_given, const int64_t* last_update,
+                      const int64_t* update_count) override;
+  void initial_values(const int64_t* keys, int64_t n, float* values) const override;
 
-  int64_t clock() const { return clock_.load(); }
-  void set_clock(int64_t c) { clock_.store(c); }
-  int64_t evicted_total() const { return evicted_total_.load(); }
-  size_t memory_bytes() const;
+  int64_t clock() const override { return clock_.load(); }
+  void set_clock(int64_t c) override { clock_.store(c); }
+  int64_t evicted_total() const override { return evicted_total_.load(); }
+  size_t memory_bytes() const override;
 
   // One row's place in a restrict ranking (see restrict_locked).
   struct Ranked {

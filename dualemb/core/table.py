@@ -58,6 +58,17 @@ def _key_dtype(key_dtype) -> np.dtype:
     return KEY_DTYPES[name]
 
 
+def _backend_members(backend) -> dict:
+    """The table config members that choose the storage backend."""
+    if backend is None or backend == "memory":
+        return {}
+    if isinstance(backend, dict) and len(backend) == 1 and "redis" in backend:
+        if not isinstance(backend["redis"], dict):
+            raise TypeError(f"backend['redis'] must be a dict, got {backend['redis']!r}")
+        return {"backend": "redis", "redis": dict(backend["redis"])}
+    raise ValueError(f"unknown backend {backend!r} (None, 'memory' or {{'redis': {{...}}}})")
+
+
 class Table:
     """A dynamic embedding table in the process-wide registry of libdualemb_core.
 
@@ -73,11 +84,17 @@ class Table:
         ``last_evicted`` (the int-returning writes also return it).
       num_threads: threads a batched call may use (0 = all cores).
       table_id: attach to (or create under) this id; 0 draws a fresh random id.
+      backend: where the rows live: None (in this process' memory, the default) or
+        ``{"redis": {...}}`` for a Redis server or cluster, with the members of docs/redis.md
+        (at least ``name``; ``addresses`` defaults to ``["127.0.0.1:6379"]``). A Redis table
+        outlives the process: another process with the same name, model_tag, shard and db sees
+        its rows.
     """
 
     def __init__(self, dim: int, key_dtype="int64", value_dtype="float32", initializer=None,
                  optimizer=None, capacity: int = 0, evict_policy: str = "recency",
-                 num_threads: int = 0, table_id: int = 0, name: str | None = None):
+                 num_threads: int = 0, table_id: int = 0, name: str | None = None,
+                 backend=None):
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim <= 0:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
         kd = _key_dtype(key_dtype)
@@ -89,6 +106,7 @@ class Table:
             config.update(capacity=int(capacity), evict_policy=evict_policy)
         if num_threads:
             config["num_threads"] = int(num_threads)
+        config.update(_backend_members(backend))
         opt_spec = _opts.spec_string(optimizer)
         new = not (table_id and _core.exists(int(table_id)))
         self._id = _core.create(int(table_id), to_spec(config))

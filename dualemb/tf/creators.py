@@ -9,7 +9,10 @@ Every creator yields the core's CPU hash table; the creator only contributes tab
   lowest-scored keys (``HkvEvictStrategy.LRU`` -> least recently updated, ``LFU`` -> least
   frequently updated), and reports how many. Other HKV options (HBM sizes, epochs, custom score
   functions) have no meaning for a host table and must be left at their defaults.
-- ``RedisTableCreator`` raises ``NotImplementedError``.
+- ``RedisTableCreator(RedisTableConfig(redis_config_abs_dir=..., redis_config_abs_dir_env=...))`` —
+  rows kept in Redis (standalone, Sentinel or Cluster) through the core's Redis backend; the JSON
+  file takes TFRA's members (``dualemb.core.redis_config``, docs/redis.md). Shard ``i`` of a
+  Variable is the Redis table (Variable name, model tag, shard ``i``): shards hold disjoint keys.
 
 ``saver=`` (TFRA's FileSystemSaver) is accepted for compatibility and ignored: dualemb tables are
 always saved in the common checkpoint format with the TF checkpoint.
@@ -29,6 +32,11 @@ class KVCreator:
         self.saver = saver
 
     def table_options(self, num_shards: int) -> dict:
+        return {}
+
+    def shard_options(self, table_name: str, shard: int, num_shards: int) -> dict:
+        """Config entries for shard ``shard`` of the table named ``table_name`` (merged over
+        ``table_options``); only backends that name their shards need them."""
         return {}
 
     def create(self, *args, **kwargs):
@@ -93,15 +101,33 @@ class HkvHashTableCreator(KVCreator):
 
 
 class RedisTableConfig:
+    """Where TFRA's Redis JSON config file is: the file named by the environment variable
+    ``redis_config_abs_dir_env`` (default ``TFRA_REDIS_CONFIG_PATH``), then by
+    ``TFRA_REDIS_CONFIG_PATH``, then ``redis_config_abs_dir``."""
+
     def __init__(self, redis_config_abs_dir=None, redis_config_abs_dir_env=None):
         self.redis_config_abs_dir = redis_config_abs_dir
-        self.redis_config_abs_dir_env = redis_config_abs_dir_env
+        self.redis_config_abs_dir_env = redis_config_abs_dir_env or "TFRA_REDIS_CONFIG_PATH"
 
 
 class RedisTableCreator(KVCreator):
+    """Tables in Redis. The config file is read when the Variable is created (a missing file or
+    variable raises ValueError, a wrong member names itself)."""
+
+    def _redis(self) -> dict:
+        from dualemb.core import redis_config
+        cfg = self.config if self.config is not None else RedisTableConfig()
+        if not isinstance(cfg, RedisTableConfig):
+            raise TypeError(f"RedisTableCreator needs a RedisTableConfig, got {cfg!r}")
+        path = redis_config.find_config_file(cfg.redis_config_abs_dir,
+                                             cfg.redis_config_abs_dir_env)
+        return redis_config.load_config_file(path)
+
     def table_options(self, num_shards: int) -> dict:
-        raise NotImplementedError("the Redis table backend is not implemented in dualemb yet; "
-                                  "use CuckooHashTableCreator (the default)")
+        return {"backend": "redis"}
+
+    def shard_options(self, table_name: str, shard: int, num_shards: int) -> dict:
+        return {"redis": {**self._redis(), "name": table_name, "shard": int(shard)}}
 
 
 class FileSystemSaver:

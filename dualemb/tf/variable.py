@@ -143,11 +143,11 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
         config = {"dim": self._dim, "key_dtype": self._key_dtype.name, **self._initializer_spec,
                   **kv_creator.table_options(len(devices))}
-        config_text = to_spec(config)
         base = name.replace("/", "_")
         n = len(devices)
         try:
-            shards = [TableShard(config_text, f"{base}_mht_{i + 1}of{n}", device=device)
+            shards = [TableShard(to_spec({**config, **kv_creator.shard_options(base, i, n)}),
+                                 f"{base}_mht_{i + 1}of{n}", device=device)
                       for i, device in enumerate(devices)]
         except tf.errors.InvalidArgumentError as e:
             raise ValueError(f"cannot create the tables of Variable {name!r}: {e.message}") from e

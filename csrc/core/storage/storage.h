@@ -1,0 +1,67 @@
+// storage.h — the interface every table backend implements: the batched operations of the C ABI.
+//
+// The registry holds tables through this interface; c_api.cc calls it once per batch, so the
+// virtual call costs one indirect jump per batch, never per key. Two implementations:
+//  * Table (csrc/core/table.h): the in-memory hash table (the default, the hot path);
+//  * RedisTable (redis_table.h): rows kept in a Redis server or cluster (`"backend": "redis"`).
+// Every implementation has the same semantics (dualemb_core.h documents them): find does not
+// insert, TFRA's accum rule, duplicate gradients summed, initial rows a pure function of
+// (seed, key), and a failed call leaves the table unchanged.
+#ifndef DUALEMB_STORAGE_STORAGE_H_
+#define DUALEMB_STORAGE_STORAGE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace dualemb {
+
+enum class RestrictBy { kRecency = 0, kFrequency = 1, kCustom = 2 };
+
+class Storage {
+ public:
+  virtual ~Storage() = default;
+
+  virtual int64_t dim() const = 0;
+  virtual int key_dtype() const = 0;
+  virtual int num_slots() const = 0;
+  // {"config":{...},"optimizer":{...}|null} as canonical JSON (config.h).
+  virtual std::string describe() const = 0;
+  virtual std::vector<std::string> slot_names() const = 0;
+  virtual void set_optimizer(const std::string& spec) = 0;
+  virtual void set_num_threads(int n) = 0;
+
+  // All keys are int64 here; the C ABI widens int32 keys at the boundary.
+  virtual void find(const int64_t* keys, int64_t n, float* values, uint8_t* exists) const = 0;
+  virtual int64_t find_or_insert(const int64_t* keys, int64_t n, float* values,
+                                 uint8_t* exists) = 0;
+  virtual int64_t insert_or_assign(const int64_t* keys, int64_t n, const float* values) = 0;
+  virtual int64_t accum(const int64_t* keys, int64_t n, const float* deltas,
+                        const uint8_t* exists) = 0;
+  virtual void erase(const int64_t* keys, int64_t n) = 0;
+  virtual void clear() = 0;
+  virtual int64_t size() const = 0;
+  virtual void reserve(int64_t n) = 0;
+  virtual int64_t apply_gradients(const int64_t* keys, int64_t n, const float* grads, float lr,
+                                  int64_t step) = 0;
+  virtual int64_t restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys,
+                           const float* scores, int64_t n) = 0;
+  // `slots_given` is the slot count the caller sized `slots` for (-1: no slots buffer); a
+  // mismatch with the table's throws.
+  virtual int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, float* values,
+                              float* slots, int slots_given, int64_t* last_update,
+                              int64_t* update_count) const = 0;
+  virtual int64_t import_rows(const int64_t* keys, int64_t n, const float* values,
+                              const float* slots, int slots_given, const int64_t* last_update,
+                              const int64_t* update_count) = 0;
+  virtual void initial_values(const int64_t* keys, int64_t n, float* values) const = 0;
+
+  virtual int64_t clock() const = 0;
+  virtual void set_clock(int64_t c) = 0;
+  virtual int64_t evicted_total() const = 0;
+  virtual size_t memory_bytes() const = 0;
+};
+
+}  // namespace dualemb
+
+#endif  // DUALEMB_STORAGE_STORAGE_H_

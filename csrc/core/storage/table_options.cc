@@ -1,0 +1,57 @@
+#include "table_options.h"
+
+#include <stdexcept>
+
+namespace dualemb {
+namespace {
+
+int parse_key_dtype(const std::string& s) {
+  if (s == "int64") return 0;
+  if (s == "int32") return 1;
+  throw std::invalid_argument("unsupported key_dtype '" + s + "' (supported: int64, int32)");
+}
+
+}  // namespace
+
+const std::set<std::string>& table_option_names() {
+  static const std::set<std::string> names = {
+      "dim",    "key_dtype", "value_dtype", "initializer", "seed",         "mean",
+      "stddev", "minval",    "maxval",      "value",       "values",       "capacity",
+      "evict_policy", "num_threads", "backend"};
+  return names;
+}
+
+TableOptions read_table_options(const Config& c) {
+  TableOptions o;
+  if (!c.has("dim")) throw std::invalid_argument("table config needs dim");
+  o.dim = c.get_int("dim", 0);
+  if (o.dim <= 0 || o.dim > kMaxDim)
+    throw std::invalid_argument("dim must be in [1, " + std::to_string(kMaxDim) + "], got " +
+                                std::to_string(o.dim));
+  o.key_dtype = parse_key_dtype(c.get_string("key_dtype", "int64"));
+  std::string vdt = c.get_string("value_dtype", "float32");
+  if (vdt != "float32")
+    throw std::invalid_argument("unsupported value_dtype '" + vdt + "' (supported: float32)");
+  o.init = Initializer::from_config(c, o.dim);
+  o.capacity = c.get_int("capacity", 0);
+  if (o.capacity < 0) throw std::invalid_argument("capacity must be >= 0 (0 = unlimited)");
+  std::string ep = c.get_string("evict_policy", "recency");
+  if (ep == "recency") o.evict_policy = RestrictBy::kRecency;
+  else if (ep == "frequency") o.evict_policy = RestrictBy::kFrequency;
+  else throw std::invalid_argument("unknown evict_policy '" + ep + "' (recency, frequency)");
+  o.num_threads = static_cast<int>(c.get_int("num_threads", 0));
+  if (o.num_threads < 0)
+    throw std::invalid_argument("num_threads must be >= 0 (0 = all cores)");
+  // A setting of this process (de_set_num_threads changes it), not part of the description.
+  c.drop_echo("num_threads");
+  return o;
+}
+
+void refuse_unused(const Config& c) {
+  const std::string unused = c.first_unread();
+  if (!unused.empty())
+    throw std::invalid_argument("table config: '" + unused + "' does not apply to initializer '" +
+                                c.get_string("initializer", "zeros") + "'");
+}
+
+}  // namespace dualemb

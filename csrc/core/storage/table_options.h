@@ -1,0 +1,40 @@
+// table_options.h — the table config members every backend shares (dim, dtypes, initializer,
+// capacity, eviction, threads), read one way for all of them.
+#ifndef DUALEMB_STORAGE_TABLE_OPTIONS_H_
+#define DUALEMB_STORAGE_TABLE_OPTIONS_H_
+
+#include <cstdint>
+#include <set>
+#include <string>
+
+#include "../config.h"
+#include "../initializer.h"
+#include "storage.h"
+
+namespace dualemb {
+
+constexpr int64_t kMaxDim = 1 << 16;
+
+struct TableOptions {
+  int64_t dim = 0;
+  int key_dtype = 0;  // DE_KEY_INT64 / DE_KEY_INT32
+  Initializer init;
+  int64_t capacity = 0;
+  RestrictBy evict_policy = RestrictBy::kRecency;
+  int num_threads = 0;
+};
+
+// The member names read_table_options reads (a backend adds its own to check_known).
+const std::set<std::string>& table_option_names();
+
+// Reads the shared members from `c` (recording them for describe(); num_threads is left out of
+// the description). Throws std::invalid_argument naming a bad member.
+TableOptions read_table_options(const Config& c);
+
+// Refuses a member given but not read: a known member the config does not use (a seed for
+// zeros, minval for normal) is refused rather than ignored.
+void refuse_unused(const Config& c);
+
+}  // namespace dualemb
+
+#endif  // DUALEMB_STORAGE_TABLE_OPTIONS_H_
