@@ -256,7 +256,7 @@ def canonical(core: CoreTable, opt):
 
 def create(dim: int, *, key_dtype: str = "int64", initializer=None, optimizer=None,
            capacity: int = 0, evict_policy: str = "recency", num_threads: int = 0,
-           table_id: int = 0, name: str | None = None) -> Table:
+           table_id: int = 0, name: str | None = None, backend=None) -> Table:
     """Creates a table in the core and returns its handle (version 0, step 0).
 
     Args:
@@ -271,6 +271,10 @@ def create(dim: int, *, key_dtype: str = "int64", initializer=None, optimizer=No
         "frequency".
       num_threads: threads one batched call may use (0 = all cores).
       table_id: create under (or attach to) this id; 0 draws a fresh one.
+      backend: where the rows live: None (this process' memory) or ``{"redis": {...}}`` (a
+        Redis server; see docs/redis.md). The calls are the same either way. A Redis table
+        takes a fused optimizer (its slots live in Redis with the rows); the generic Optax
+        path keeps its state in memory and is refused there.
     """
     if isinstance(table_id, bool) or not isinstance(table_id, (int, np.integer)) or \
             not 0 <= int(table_id) < 2**63:
@@ -278,10 +282,14 @@ def create(dim: int, *, key_dtype: str = "int64", initializer=None, optimizer=No
                          f"{table_id!r}")
     opt = _optimizer(optimizer)
     fused = opt if isinstance(opt, _opts.Optimizer) else None
+    if backend not in (None, "memory") and opt is not None and fused is None:
+        raise ValueError("the generic Optax path keeps optimizer state in memory tables, so it "
+                         "cannot train a table with backend=" + repr(backend) + "; use a fused "
+                         "optimizer (dualemb.jax.optimizers), whose slots live with the rows")
     core = CoreTable(dim, key_dtype=key_dtype, initializer=initializer,
                      optimizer=fused.spec if fused else None, capacity=capacity,
                      evict_policy=evict_policy, num_threads=num_threads, table_id=table_id,
-                     name=name)
+                     name=name, backend=backend)
     table = Table(core.id, core.dim, core.key_dtype.name, canonical(core, fused), _scalar(0),
                   _scalar(0))
     if opt is not None and fused is None:
