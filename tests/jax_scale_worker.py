@@ -57,6 +57,8 @@ def batches(args, num_devices):
 
 def main():
     args = parse()
+    if args.callback:  # read when dualemb.jax is imported (dualemb/jax/_ffi.py)
+        os.environ["DUALEMB_JAX_HOST_CALLBACK"] = "1"
     import jax
     if args.processes > 1:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -71,8 +73,9 @@ def main():
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import dualemb.jax as dej
     from dualemb.core.routing import shard_of
-    from dualemb.jax import sharded
+    from dualemb.jax import _ffi, sharded
 
+    assert _ffi.uses_host_callback() or not args.callback, "--callback: the FFI was chosen"
     w = jnp.asarray(np.linspace(-1.0, 1.0, DIM), jnp.float32)
     init = dej.initializers.normal(0.0, 0.1, seed=7)
     opt = dej.optimizers.adam(0.05)

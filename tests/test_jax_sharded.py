@@ -62,7 +62,7 @@ SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
     import dualemb.jax as dej
-    from dualemb.jax import sharded
+    from dualemb.jax import _ffi, sharded
     mesh = Mesh(np.array(jax.devices()), ("x",))
     assert mesh.devices.size == 2
 """)
@@ -109,12 +109,23 @@ def test_replicated_table_under_sharded_inputs():
         data = NamedSharding(mesh, P("x"))
         rng = np.random.default_rng(0)
 
-        # The plain single-device write cannot be partitioned (XLA's error, kept documented).
+        # The plain single-device write: the FFI call cannot be partitioned (XLA's error, kept
+        # documented); the host callback (dualemb.jax._ffi) is placed on one device and works.
+        scratch = dej.create(4, optimizer=dej.optimizers.adam(0.1), initializer=init)
+        plain = jax.jit(dej.apply_gradients)
         try:
-            jax.jit(dej.apply_gradients)(t, jax.device_put(dej.ids(np.arange(8)), data),
-                                         jax.device_put(jnp.ones((8, 4)), data))
+            out = plain(scratch, jax.device_put(dej.ids(np.arange(8)), data),
+                        jax.device_put(jnp.ones((8, 4)), data))
         except Exception as e:
+            assert not _ffi.uses_host_callback(), e
             assert "Side-effect HLO must have sharding" in str(e), e
+        else:
+            assert _ffi.uses_host_callback()
+            one = dej.apply_gradients(dej.create(4, optimizer=dej.optimizers.adam(0.1),
+                                                 initializer=init),
+                                      dej.ids(np.arange(8)), jnp.ones((8, 4)))
+            np.testing.assert_array_equal(dej.lookup(out, dej.ids(np.arange(8))),
+                                          dej.lookup(one, dej.ids(np.arange(8))))
 
         @jax.jit
         def step(t, ids, g):

@@ -22,10 +22,12 @@ one step. int64 ids in JAX's default 32-bit mode: see :mod:`dualemb.jax.ids`. Op
 (:mod:`dualemb.jax.generic`); Keras' Adam for dense parameters: :mod:`dualemb.jax.keras_optax`.
 Checkpoints: :func:`save` / :func:`load` / :func:`load_tables` (common format),
 :mod:`dualemb.jax.orbax` (CheckpointManager). Flax: :mod:`dualemb.jax.nnx`.
-Importing this module registers the FFI targets for the CPU platform.
+Importing this module registers the FFI targets for the CPU platform; other platforms (GPU, TPU)
+run the same calls as host callbacks (:func:`uses_host_callback`, docs/jax.md).
 """
 
 from dualemb.jax import _ffi  # noqa: F401  (registers the FFI targets)
+from dualemb.jax._ffi import uses_host_callback
 from dualemb.jax import initializers, optimizers
 from dualemb.jax.ids import Ids, ids
 from dualemb.jax.ops import (accum, after, erase, export, find, find_or_insert, insert, lookup,
@@ -38,7 +40,7 @@ __all__ = [
     "Ids", "ids",
     "lookup", "find", "size", "export",
     "find_or_insert", "insert", "accum", "erase", "after",
-    "apply_gradients",
+    "apply_gradients", "uses_host_callback",
     "initializers", "optimizers",
     "save", "load", "load_tables",
 ]

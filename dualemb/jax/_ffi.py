@@ -17,17 +17,42 @@ input raises at trace time. Conventions (see ``csrc/jax/ffi_common.h``):
 * ``keys`` is an int64 or int32 array, or uint32 pairs ``[..., 2]`` (int64 ids in 32-bit mode);
   ``shape`` is the ids' logical shape (without the pair axis).
 * ``vmap_method="expand_dims"``: under ``jax.vmap`` the whole batch goes to one call.
+
+Two lowerings of every call (chosen when it is traced, in :func:`_call`):
+
+* the native XLA FFI handler, registered for the CPU platform only;
+* a host callback (``dualemb.jax._host``: the same semantics in numpy over the pybind core),
+  used on every platform without the native handler (GPU, TPU: the table stays in host memory)
+  and on CPU when ``DUALEMB_JAX_HOST_CALLBACK=1`` is set before ``dualemb.jax`` is imported
+  (``=0`` forces the FFI, e.g. to get its error on a GPU). Writes are unordered
+  ``jax.experimental.io_callback`` s (kept alive as side effects, like the FFI's
+  ``has_side_effect``) and reads ``jax.pure_callback`` s; both are ordered by the version token,
+  exactly as the FFI calls are. ``io_callback(ordered=True)`` is not used: its global order adds
+  nothing to the token's, and it cannot be ``vmap``-ed or run inside ``shard_map`` on several
+  devices. Under ``vmap`` a ``custom_vmap`` rule gives the FFI's ``expand_dims`` behaviour
+  (one call for the whole batch: ``apply_gradients`` stays one optimizer step).
 """
 
 from __future__ import annotations
 
+import functools
+import os
+
 import jax
 import jax.numpy as jnp
+from jax.experimental import io_callback
 
 from dualemb._native import load_extension
+from dualemb.jax import _host
 
 _ext = load_extension("_jax_ffi")
-_PLATFORMS = ("cpu",)
+_PLATFORMS = ("cpu",)  # where the native handlers are registered
+
+# "1": host callbacks everywhere (testing on CPU); "0": the FFI everywhere; unset: per platform.
+HOST_CALLBACK_ENV = "DUALEMB_JAX_HOST_CALLBACK"
+_FORCED = os.environ.get(HOST_CALLBACK_ENV, "").strip()
+if _FORCED not in ("", "0", "1"):
+    raise ValueError(f"{HOST_CALLBACK_ENV} must be 0, 1 or unset, got {_FORCED!r}")
 
 
 def _register() -> None:
@@ -39,6 +64,62 @@ def _register() -> None:
 _register()
 
 _VMAP = "expand_dims"
+
+
+def uses_host_callback() -> bool:
+    """Whether calls traced now run as host callbacks (see the module docstring): forced by
+    ``DUALEMB_JAX_HOST_CALLBACK``, else when the default backend has no native handler."""
+    if _FORCED:
+        return _FORCED == "1"
+    return jax.default_backend() not in _PLATFORMS
+
+
+_HOST_FNS = {
+    "dualemb_find": _host.find, "dualemb_size": _host.size, "dualemb_export": _host.export,
+    "dualemb_after": _host.after, "dualemb_unique": _host.unique,
+    "dualemb_exchange_check": _host.exchange_check,
+    "dualemb_find_or_insert": _host.find_or_insert,
+    "dualemb_insert_or_assign": _host.insert_or_assign,
+    "dualemb_insert_masked": _host.insert_masked, "dualemb_accum": _host.accum,
+    "dualemb_erase": _host.erase, "dualemb_apply_gradients": _host.apply_gradients,
+    "dualemb_apply_gradients_first": _host.apply_gradients_first,
+}
+
+
+def _call(target, results, *operands, has_side_effect=False, vmap_method=_VMAP):
+    """``jax.ffi.ffi_call(target, results, ...)(*operands)``, or its host-callback twin."""
+    if not uses_host_callback():
+        return jax.ffi.ffi_call(target, results, has_side_effect=has_side_effect,
+                                vmap_method=vmap_method)(*operands)
+    single = not isinstance(results, (tuple, list))
+    outs = _host_call(_HOST_FNS[target], (results,) if single else tuple(results),
+                      has_side_effect, vmap_method, *operands)
+    return outs[0] if single else outs
+
+
+def _host_call(fn, results, has_side_effect, vmap_method, *operands):
+    specs = tuple((tuple(r.shape), jnp.dtype(r.dtype)) for r in results)
+    callback = functools.partial(fn, outs=specs)
+    if vmap_method != _VMAP:  # unique, exchange_check: no table, sequential like the FFI
+        return tuple(jax.pure_callback(callback, results, *operands, vmap_method=vmap_method))
+
+    @jax.custom_batching.custom_vmap
+    def call(*ops):
+        if has_side_effect:
+            return tuple(io_callback(callback, results, *ops, ordered=False))
+        return tuple(jax.pure_callback(callback, results, *ops))
+
+    @call.def_vmap
+    def _expand_dims(axis_size, in_batched, *ops):
+        # The FFI's "expand_dims": unbatched operands get a leading axis of size 1, results
+        # one of the batch's size, and the whole batch goes to one call.
+        ops = [o if b else jnp.expand_dims(o, 0) for o, b in zip(ops, in_batched)]
+        batched = tuple(jax.ShapeDtypeStruct((axis_size,) + tuple(r.shape), r.dtype)
+                        for r in results)
+        out = _host_call(fn, batched, has_side_effect, vmap_method, *ops)
+        return out, tuple(True for _ in out)
+
+    return call(*operands)
 _f32 = jnp.float32
 _i32 = jnp.int32
 
@@ -59,56 +140,53 @@ def _next(version):
 def find(handle, dim, version, keys, shape, with_exists=True):
     """(rows [shape + (dim,)], exists [shape]) — reads only. Without ``with_exists`` the
     second result is empty (one output fewer to fill)."""
-    return jax.ffi.ffi_call(
+    return _call(
         "dualemb_find",
         (_sds(shape + (dim,), _f32), _sds(shape if with_exists else (0,), jnp.bool_)),
-        vmap_method=_VMAP)(*_table(handle, version), keys)
+        *_table(handle, version), keys)
 
 
 def find_or_insert(handle, dim, version, keys, shape):
     """(next version, rows, exists); missing keys are inserted with their initializer row."""
-    return jax.ffi.ffi_call(
+    return _call(
         "dualemb_find_or_insert",
         (_next(version), _sds(shape + (dim,), _f32), _sds(shape, jnp.bool_)),
-        has_side_effect=True, vmap_method=_VMAP)(*_table(handle, version), keys)
+        *_table(handle, version), keys, has_side_effect=True)
 
 
 def insert_or_assign(handle, version, keys, values, mask=None):
     """Next version; writes rows (where ``mask`` is true, if given)."""
     if mask is None:
-        return jax.ffi.ffi_call("dualemb_insert_or_assign", _next(version),
-                                has_side_effect=True, vmap_method=_VMAP)(
-            *_table(handle, version), keys, values)
-    return jax.ffi.ffi_call("dualemb_insert_masked", _next(version), has_side_effect=True,
-                            vmap_method=_VMAP)(*_table(handle, version), keys, values, mask)
+        return _call("dualemb_insert_or_assign", _next(version), *_table(handle, version),
+                     keys, values, has_side_effect=True)
+    return _call("dualemb_insert_masked", _next(version), *_table(handle, version), keys,
+                 values, mask, has_side_effect=True)
 
 
 def accum(handle, version, keys, deltas, exists):
     """Next version; TFRA's accum rule."""
-    return jax.ffi.ffi_call("dualemb_accum", _next(version), has_side_effect=True,
-                            vmap_method=_VMAP)(*_table(handle, version), keys, deltas, exists)
+    return _call("dualemb_accum", _next(version), *_table(handle, version), keys, deltas,
+                 exists, has_side_effect=True)
 
 
 def erase(handle, version, keys):
     """Next version; removes keys."""
-    return jax.ffi.ffi_call("dualemb_erase", _next(version), has_side_effect=True,
-                            vmap_method=_VMAP)(*_table(handle, version), keys)
+    return _call("dualemb_erase", _next(version), *_table(handle, version), keys,
+                 has_side_effect=True)
 
 
 def apply_gradients(handle, version, keys, grads, lr, step_code):
     """Next version; one fused optimizer step with learning rate ``lr`` (a float32 scalar)
     after ``step_code`` updates (the table's step leaf: the core is given that count + 1)."""
-    return jax.ffi.ffi_call("dualemb_apply_gradients", _next(version), has_side_effect=True,
-                            vmap_method=_VMAP)(
-        *_table(handle, version), keys, grads, jnp.asarray(lr, _f32),
-        jax.lax.stop_gradient(step_code))
+    return _call("dualemb_apply_gradients", _next(version), *_table(handle, version), keys,
+                 grads, jnp.asarray(lr, _f32), jax.lax.stop_gradient(step_code),
+                 has_side_effect=True)
 
 
 def size(handle, version):
     """Number of keys (int64 with jax_enable_x64, else int32 saturated at 2**31-1)."""
     dtype = jnp.int64 if jax.config.jax_enable_x64 else jnp.int32
-    return jax.ffi.ffi_call("dualemb_size", _sds((), dtype), vmap_method=_VMAP)(
-        *_table(handle, version))
+    return _call("dualemb_size", _sds((), dtype), *_table(handle, version))
 
 
 def export(handle, dim, num_slots, version, offset, limit, key_layout):
@@ -117,38 +195,37 @@ def export(handle, dim, num_slots, version, offset, limit, key_layout):
     ``key_layout`` is ``(shape, dtype)`` of the keys result: ``((limit,), int64|int32)`` or
     ``((limit, 2), uint32)`` for pairs."""
     kshape, kdtype = key_layout
-    return jax.ffi.ffi_call(
+    return _call(
         "dualemb_export",
         (_sds(kshape, kdtype), _sds((limit, dim), _f32), _sds((limit, num_slots, dim), _f32),
          _sds((), _i32)),
-        vmap_method=_VMAP)(*_table(handle, version), jnp.asarray(offset, _i32))
+        *_table(handle, version), jnp.asarray(offset, _i32))
 
 
 def after(version, values):
     """``version``, returned by a custom call that also takes ``values`` (so it waits for them)."""
-    return jax.ffi.ffi_call("dualemb_after", _next(version), vmap_method=_VMAP)(
-        jax.lax.stop_gradient(version), *[jax.lax.stop_gradient(v) for v in values])
+    return _call("dualemb_after", _next(version), jax.lax.stop_gradient(version),
+                 *[jax.lax.stop_gradient(v) for v in values])
 
 
 def unique(keys, n):
     """(unique keys padded to n with the first key, inverse [n] int32, count int32)."""
-    return jax.ffi.ffi_call(
+    return _call(
         "dualemb_unique", (_sds(keys.shape, keys.dtype), _sds((n,), _i32), _sds((), _i32)),
-        vmap_method="sequential")(keys)
+        keys, vmap_method="sequential")
 
 
 def exchange_check(needed, capacity, payload):
     """``payload``, once ``needed <= capacity`` (int32 scalars) is checked; otherwise the
     computation fails with an error naming ``capacity_per_shard`` (the sharded path's knob)."""
-    return jax.ffi.ffi_call("dualemb_exchange_check", _sds(payload.shape, payload.dtype),
-                            vmap_method="sequential")(
-        jnp.asarray(needed, _i32), jnp.asarray(capacity, _i32), payload)
+    return _call("dualemb_exchange_check", _sds(payload.shape, payload.dtype),
+                 jnp.asarray(needed, _i32), jnp.asarray(capacity, _i32), payload,
+                 vmap_method="sequential")
 
 
 def apply_gradients_first(handle, version, keys, grads, lr, step_code, count):
     """Next version; :func:`apply_gradients` on the first ``count`` keys and gradients only
     (the rest of the buffers is padding)."""
-    return jax.ffi.ffi_call("dualemb_apply_gradients_first", _next(version),
-                            has_side_effect=True, vmap_method=_VMAP)(
-        *_table(handle, version), keys, grads, jnp.asarray(lr, _f32),
-        jax.lax.stop_gradient(step_code), jnp.asarray(count, _i32))
+    return _call("dualemb_apply_gradients_first", _next(version), *_table(handle, version),
+                 keys, grads, jnp.asarray(lr, _f32), jax.lax.stop_gradient(step_code),
+                 jnp.asarray(count, _i32), has_side_effect=True)

@@ -22,6 +22,10 @@ hands it to each table's optimizer::
         dej.nnx.apply_gradients(model, emb_grads)     # tables (their own optimizers)
         return loss
 
+In a sharded model, :class:`ShardedEmbed` (``ShardedEmbed(16, mesh=mesh, optimizer=...)``) holds
+a table sharded over the mesh (:mod:`dualemb.jax.sharded`) and trains with the same
+:func:`value_and_grad` / :func:`apply_gradients`; its ids must be sharded along their first axis.
+
 Habits that would silently skip the tables fail loudly instead:
 
 * plain ``nnx.value_and_grad`` / ``nnx.grad`` (or ``jax.grad``) of a loss that uses an ``Embed``
@@ -127,15 +131,72 @@ class Embed(nnx.Module):
         self.dualemb_grad_guard = TableGradGuard(jnp.zeros((), jnp.float32))
 
     def __call__(self, ids) -> jax.Array:
-        rows = _ops.lookup(self.table.get_value(), ids)
+        rows = self._lookup(ids)
         tape = _TAPE.get()
         if tape is None:
             return _guarded(rows, self.dualemb_grad_guard[...])
         return tape.tap(self, ids, rows)
 
+    def _lookup(self, ids) -> jax.Array:
+        return _ops.lookup(self.table.get_value(), ids)
+
     def apply_gradients(self, ids, grads) -> None:
         """One optimizer step of the table on ``ids`` with per-row ``grads``."""
         self.table.set_value(_train.apply_gradients(self.table.get_value(), ids, grads))
+
+    def _accepts(self, table) -> bool:
+        return isinstance(table, Table)
+
+
+class ShardedEmbed(Embed):
+    """An :class:`Embed` whose table is sharded over a device mesh axis
+    (:class:`dualemb.jax.sharded.ShardedTable`): lookups and updates route ids to their owning
+    shards by all-to-all (:func:`dualemb.jax.sharded.lookup` / ``apply_gradients``). Train it
+    like an ``Embed`` (:func:`value_and_grad`, :func:`apply_gradients`) inside ``nnx.jit``, with
+    ids sharded along their first axis (a multiple of the shard count) over ``mesh``.
+
+    Args:
+      dim: row length.
+      mesh: the device mesh (the table's axis must span it, see ``dualemb.jax.sharded``).
+      table: an existing ``ShardedTable`` to own (e.g. from ``sharded.load``); otherwise one is
+        created with the remaining arguments (see :func:`dualemb.jax.sharded.create`; a fused
+        optimizer from ``dualemb.jax.optimizers`` is required to train it).
+
+    Checkpoints: ``dualemb.jax.sharded.save(module.table.get_value(), path)`` / ``sharded.load``
+    (then :func:`set_tables`); the Orbax ``TablesSave`` recipe is for single-device tables.
+    """
+
+    def __init__(self, dim: int, *, mesh=None, table=None, axis: str | None = None,
+                 capacity_per_shard: int | None = None, key_dtype: str = "int64",
+                 initializer=None, optimizer=None):
+        from dualemb.jax import sharded
+        if table is None:
+            if mesh is None:
+                raise ValueError("ShardedEmbed needs a mesh (or an existing ShardedTable)")
+            table = sharded.create(mesh, dim, axis=axis, capacity_per_shard=capacity_per_shard,
+                                   key_dtype=key_dtype, initializer=initializer,
+                                   optimizer=optimizer)
+        elif not isinstance(table, sharded.ShardedTable):
+            raise TypeError(f"ShardedEmbed takes a dualemb.jax.sharded.ShardedTable, got "
+                            f"{type(table).__name__} (use Embed for a single-device table)")
+        elif table.dim != dim:
+            raise ValueError(f"table has dim {table.dim}, ShardedEmbed was given dim {dim}")
+        self.dim = dim
+        self.table = EmbeddingTable(table)
+        self.dualemb_grad_guard = TableGradGuard(jnp.zeros((), jnp.float32))
+
+    def _lookup(self, ids) -> jax.Array:
+        from dualemb.jax import sharded
+        return sharded.lookup(self.table.get_value(), ids)
+
+    def apply_gradients(self, ids, grads) -> None:
+        """One optimizer step of the sharded table on ``ids`` with per-row ``grads``."""
+        from dualemb.jax import sharded
+        self.table.set_value(sharded.apply_gradients(self.table.get_value(), ids, grads))
+
+    def _accepts(self, table) -> bool:
+        from dualemb.jax import sharded
+        return isinstance(table, sharded.ShardedTable)
 
 
 # ---- the tape: which Embed calls happened, with what ids, and their taps ----------------------
@@ -254,7 +315,8 @@ def apply_gradients(model, emb_grads: dict) -> None:
 
 
 def tables(model) -> dict:
-    """``{path: Table}`` for every :class:`Embed` of ``model`` (paths as in
+    """``{path: Table}`` for every :class:`Embed` of ``model`` (a ``ShardedTable`` for a
+    :class:`ShardedEmbed`; paths as in
     :func:`value_and_grad`'s ``emb_grads``), e.g. for ``dualemb.jax.orbax.TablesSave`` /
     ``TablesRestore`` or ``dualemb.jax.save``."""
     return {_path_key(p): m.table.get_value() for p, m in _embeds(model).items()}
@@ -269,7 +331,7 @@ def set_tables(model, tables: dict) -> None:
         raise KeyError(f"no Embed at {unknown} in the model (it has {sorted(by_path)})")
     for key, table in tables.items():
         module = by_path[key]
-        if not isinstance(table, Table) or table.dim != module.dim:
+        if not module._accepts(table) or table.dim != module.dim:
             raise ValueError(f"Embed {key!r} (dim {module.dim}) cannot take {table!r}")
         module.table.set_value(table)
 
