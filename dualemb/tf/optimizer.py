@@ -286,7 +286,12 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
         return cls(inner, **config)
 
     # ---- the step -------------------------------------------------------------------------------
-    def apply(self, grads, trainable_variables=None):
+    def apply(self, grads, trainable_variables=None, step=None):
+        """Applies one step. ``step`` (1-based int64 scalar, optional): the step number the fused
+        embedding update uses (bias corrections, learning-rate schedules) instead of
+        ``iterations + 1``. Under ``ParameterServerStrategy`` it is required for embedding
+        gradients: workers' increments of ``iterations`` race and get lost, so the coordinator
+        passes each scheduled step its number (see docs/scaling_tf.md)."""
         if trainable_variables is None:
             if not self.built:
                 raise ValueError("DynamicEmbeddingOptimizer: pass the variables with the "
@@ -318,14 +323,21 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
         for group in groups:
             group.finish()
 
+        if groups and step is None and _under_parameter_server_strategy():
+            raise ValueError(
+                "DynamicEmbeddingOptimizer under ParameterServerStrategy needs the step number: "
+                "call optimizer.apply(grads, variables, step=step) with a step passed to the "
+                "scheduled function by the coordinator (workers' updates of `iterations` race "
+                "and lose increments, so it cannot be read as the step)")
         if not self.dynamic_loss_scale:
-            self._step(groups, dense_grads, dense_vars, self.inner_optimizer.loss_scale_factor)
+            self._step(groups, dense_grads, dense_vars, self.inner_optimizer.loss_scale_factor,
+                       step)
             return
         finite = _all_finite([tf.cast(_values(g), tf.float32) for g in dense_grads]
                              + [g.values for g in groups])
 
         def finite_step():
-            self._step(groups, dense_grads, dense_vars, self.dynamic_scale)
+            self._step(groups, dense_grads, dense_vars, self.dynamic_scale, step)
             grow = tf.equal(self.step_counter, self.dynamic_growth_steps - 1)
             self.step_counter.assign(tf.where(grow, tf.zeros_like(self.step_counter),
                                               self.step_counter + 1))
@@ -338,7 +350,7 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
 
         tf.cond(finite, finite_step, skipped_step)
 
-    def _step(self, groups, dense_grads, dense_vars, scale):
+    def _step(self, groups, dense_grads, dense_vars, scale, given_step=None):
         """One update: embedding rows in the core, dense variables by the wrapped optimizer
         (which increments ``iterations``)."""
         inner = self.inner_optimizer
@@ -346,8 +358,15 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
             raise NotImplementedError("DynamicEmbeddingOptimizer does not support "
                                       "gradient_accumulation_steps")
         with tf.name_scope(self.name):
-            learning_rate = tf.cast(inner._get_current_learning_rate(), tf.float32)
-            step = tf.cast(inner._iterations, tf.int64) + 1
+            if given_step is None:
+                learning_rate = tf.cast(inner._get_current_learning_rate(), tf.float32)
+                step = tf.cast(inner._iterations, tf.int64) + 1
+            else:  # the caller's step, for the schedule too (as Keras evaluates it at step - 1)
+                step = tf.cast(given_step, tf.int64)
+                learning_rate = inner._learning_rate
+                if isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+                    learning_rate = learning_rate(step - 1)
+                learning_rate = tf.cast(learning_rate, tf.float32)
             dense_grads = self._preprocess(groups, dense_grads, scale)
             for group in groups:
                 self._update_rows(group, learning_rate, step)
@@ -410,6 +429,11 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
             return ops.apply_gradients(table_id, keys, grads, learning_rate, step)
 
         params._write_flat(step_fn, group.keys, group.values)
+
+
+def _under_parameter_server_strategy() -> bool:
+    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
+    return bool(getattr(strategy, "_is_parameter_server_strategy_v2", False))
 
 
 def _check_wrappable(optimizer) -> None:

@@ -46,6 +46,7 @@ from dualemb.core.table import Table
 from dualemb.core.spec import to_spec
 from dualemb.tf import file_system, ops, tf_checkpoint
 from dualemb.tf import initializers as de_inits
+from dualemb.tf.distribute.placement import default_devices
 from dualemb.tf.creators import CuckooHashTableCreator, KVCreator
 from dualemb.tf.policies import RestrictPolicy
 from dualemb.tf.row_lookup import lookup_ids
@@ -110,8 +111,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim <= 0:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
         self._dim = int(dim)
-        if devices is None:
-            devices = ["/CPU:0"]
+        if devices is None:  # one shard per PS task under ParameterServerStrategy's scope
+            devices = default_devices() or ["/CPU:0"]
         elif isinstance(devices, str):
             devices = [devices]
         devices = list(devices)

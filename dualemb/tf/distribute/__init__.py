@@ -1,0 +1,20 @@
+"""``dualemb.tf.distribute``: dynamic embeddings on TensorFlow's own distributed runtime.
+
+One module per concern, all built on the single-process API (``de.Variable`` shards are
+TensorFlow resources placed on a device; every table op runs where its handle lives):
+
+- ``placement``: where a Variable's shards go under ``ParameterServerStrategy`` (spread over the
+  PS tasks by default) — ``ps_devices``, ``default_devices``.
+- ``server``: the PS/worker process entry point (``python -m dualemb.tf.server``), which loads the
+  op library before serving.
+- ``local_cluster``: start a throw-away cluster of such processes on 127.0.0.1 (tests, examples,
+  benchmarks).
+- ``alltoall``: ids routed to the replica owning their shard with TF's collective all-to-all under
+  ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` (``de.keras.layers.HvdAllToAllEmbedding``).
+
+See docs/scaling_tf.md.
+"""
+
+from dualemb.tf.distribute.placement import default_devices, num_ps_tasks, ps_devices
+
+__all__ = ["default_devices", "num_ps_tasks", "ps_devices"]

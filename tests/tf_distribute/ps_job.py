@@ -1,0 +1,157 @@
+"""A small training job, run single-process or as the chief of a ParameterServerStrategy cluster
+(tests/test_tf_distribute_ps.py starts it as a subprocess so the test process's TF context is
+never connected to a cluster).
+
+    python tests/tf_distribute/ps_job.py --out result.npz [--cluster JSON] [--model dense|linear]
+        [--optimizer adam|sgd] [--steps N] [--kill-worker-after K --kill-pid PID]
+
+The result file holds, per table shard: keys, values, slots and the device it lives on, plus the
+dense weights, so the test compares a cluster run with a single-process run row by row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import dualemb.tf as de
+from dualemb.tf import ops
+from dualemb.tf.distribute import placement
+
+DIM = 4
+IDS_PER_EXAMPLE = 3
+BATCH = 16
+
+
+def batches(steps: int, seed: int = 0):
+    """Deterministic (ids [BATCH, 3] int64 incl. negative ids, labels [BATCH, 1] f32)."""
+    rng = np.random.default_rng(seed)
+    for _ in range(steps):
+        ids = rng.integers(-40, 160, size=(BATCH, IDS_PER_EXAMPLE)).astype(np.int64)
+        labels = rng.normal(size=(BATCH, 1)).astype(np.float32)
+        yield ids, labels
+
+
+class Job:
+    """The model, optimizer and train step; under ``strategy`` when one is given."""
+
+    def __init__(self, model_kind: str, optimizer: str, strategy=None, shards_per_ps: int = 1):
+        self.model_kind = model_kind
+        scope = strategy.scope() if strategy is not None else tf.init_scope()
+        devices = None
+        if strategy is not None and shards_per_ps > 1:
+            devices = placement.ps_devices(strategy, shards_per_ps)
+        with scope:
+            self.embedding = de.keras.layers.SquashedEmbedding(
+                DIM, combiner="sum", devices=devices, name="emb",
+                initializer=keras.initializers.RandomNormal(stddev=0.1))
+            inputs = keras.Input(shape=(IDS_PER_EXAMPLE,), dtype="int64")
+            pooled = self.embedding(inputs)
+            if model_kind == "dense":
+                out = keras.layers.Dense(
+                    1, kernel_initializer=keras.initializers.GlorotUniform(seed=3))(pooled)
+            else:  # linear in the rows: gradients do not depend on the state (order-free SGD)
+                out = pooled
+            self.model = keras.Model(inputs, out)
+            inner = (keras.optimizers.Adam(0.05) if optimizer == "adam"
+                     else keras.optimizers.SGD(0.1))
+            self.optimizer = de.DynamicEmbeddingOptimizer(inner)
+            self.optimizer.build(self.model.trainable_variables)
+        self.strategy = strategy
+
+    def replica_step(self, ids, labels, step):
+        with tf.GradientTape() as tape:
+            pred = self.model(ids, training=True)
+            if self.model_kind == "dense":
+                loss = tf.reduce_mean(tf.square(pred - labels))
+            else:
+                loss = tf.reduce_sum(pred * labels)
+        variables = self.model.trainable_variables
+        grads = tape.gradient(loss, variables)
+        self.optimizer.apply(grads, variables, step=step)
+        return loss
+
+    def table_state(self):
+        """Per shard: keys, values, slots, the shard's device and core table id."""
+        out = {}
+        var = self.embedding.params
+        for i, shard in enumerate(var.tables):
+            page = ops.export_table(shard.resource, tf.int64, DIM)
+            out[f"shard{i}_keys"] = page["keys"].numpy()
+            out[f"shard{i}_values"] = page["values"].numpy()
+            out[f"shard{i}_slots"] = page["slots"].numpy()
+            out[f"shard{i}_device"] = np.array(shard.resource.device)
+        out["num_shards"] = np.array(len(var.tables))
+        for j, w in enumerate(v for v in self.model.weights if v is not self.embedding.shadow):
+            out[f"dense{j}"] = np.asarray(w.numpy())
+        return out
+
+
+def run_single(args):
+    job = Job(args.model, args.optimizer)
+    step_fn = tf.function(job.replica_step)
+    for k, (ids, labels) in enumerate(batches(args.steps)):
+        step_fn(tf.constant(ids), tf.constant(labels), tf.constant(k + 1, tf.int64))
+    return job.table_state()
+
+
+def run_cluster(args):
+    spec = json.loads(args.cluster)
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(spec), rpc_layer="grpc", task_type="chief", task_id=0)
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    job = Job(args.model, args.optimizer, strategy, args.shards_per_ps)
+
+    @tf.function
+    def train_step(ids, labels, step):
+        return strategy.run(job.replica_step, args=(ids, labels, step))
+
+    for k, (ids, labels) in enumerate(batches(args.steps)):
+        coordinator.schedule(train_step, args=(tf.constant(ids), tf.constant(labels),
+                                               tf.constant(k + 1, tf.int64)))
+        if args.marker and k == args.kill_worker_after:
+            # Mid-training, with steps queued and in flight: tell the test to kill (and later
+            # restart) a worker; the coordinator retries the closures it held.
+            with open(args.marker, "w") as f:
+                f.write("scheduled")
+            while os.path.exists(args.marker):
+                time.sleep(0.05)
+    coordinator.join()
+    state = job.table_state()
+    # The tables live on the PS tasks, not in this process's core registry.
+    from dualemb.core import Table
+    local = []
+    for shard in job.embedding.params.tables:
+        try:
+            Table.attach(shard.table_id)
+            local.append(True)
+        except Exception:
+            local.append(False)
+    state["shard_in_chief_process"] = np.array(local)
+    return state
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--cluster", default="")
+    p.add_argument("--model", default="dense", choices=["dense", "linear"])
+    p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--shards-per-ps", type=int, default=1)
+    p.add_argument("--kill-worker-after", type=int, default=-1)
+    p.add_argument("--marker", default="", help="file written mid-training; waits until removed")
+    args = p.parse_args()
+    state = run_cluster(args) if args.cluster else run_single(args)
+    np.savez(args.out, **state)
+
+
+if __name__ == "__main__":
+    main()
