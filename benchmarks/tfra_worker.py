@@ -288,6 +288,94 @@ class FitRunner:
         return rss_mb()
 
 
+class KvRunner:
+    """One side of benchmarks/bench_redis.py: tables made through the TFRA API of the `tf`, `de`
+    modules it is given (TFRA: TF 2.16 + `tensorflow_recommenders_addons.dynamic_embedding`;
+    dualemb: `dualemb.tf`), so both sides run this same code. Per (backend, dim) one Variable,
+    `de.get_variable(..., kv_creator=de.RedisTableCreator(de.RedisTableConfig(config_path)))`
+    for "redis", the side's default (in-memory) creator for "memory"; zeros initializer; ops in
+    tf.function, timed by `time_table_ops` (the loop compare_tfra.py uses too)."""
+
+    def __init__(self, tf, de, redis_config_path: str, prefix: str):
+        self.tf, self.de = tf, de
+        self.config_path, self.prefix = redis_config_path, prefix
+        self.vars, self.fns, self.batches, self.preloaded = {}, {}, {}, {}
+
+    def call(self, action: str, **kw):
+        if action not in ("setup", "time", "snapshot", "probe", "drop"):
+            raise ValueError(f"unknown kv action {action!r}")
+        return getattr(self, action)(**kw)
+
+    def setup(self, backend: str, dim: int, n: int, seed: int, chunk: int = 65536) -> dict:
+        tf, de = self.tf, self.de
+        kw = {}
+        if backend == "redis":
+            kw["kv_creator"] = de.RedisTableCreator(
+                de.RedisTableConfig(redis_config_abs_dir=self.config_path))
+        elif backend != "memory":
+            raise ValueError(f"unknown backend {backend!r}")
+        var = de.get_variable(f"{self.prefix}_{backend}_{dim}", key_dtype=tf.int64,
+                              value_dtype=tf.float32, dim=dim,
+                              initializer=tf.keras.initializers.Zeros(), **kw)
+
+        def _upsert(k, v):
+            var.upsert(k, v)  # returns an Operation, which tf.function cannot return
+
+        fns = {"upsert": tf.function(_upsert), "lookup": tf.function(lambda k: var.lookup(k))}
+        keys, values = preload_keys(n), preload_values(n, dim, seed)
+        t0 = time.perf_counter()
+        for s in range(0, n, chunk):  # bounded request size for Redis on both sides
+            fns["upsert"](tf.constant(keys[s:s + chunk]), tf.constant(values[s:s + chunk]))
+        preload_s = time.perf_counter() - t0
+        size = int(var.size())
+        self.vars[(backend, dim)], self.fns[(backend, dim)] = var, fns
+        self.preloaded[dim] = (n, seed)
+        return {"preload_s": preload_s, "size": size}
+
+    def time(self, backend: str, workload: str, dim: int, size: int, n_present: int,
+             iters: int, seed: int) -> list:
+        key = (workload, dim, size, seed)
+        if key not in self.batches:
+            tf = self.tf
+            self.batches[key] = [
+                tuple(None if a is None else tf.constant(a)
+                      for a in batch(workload, n_present, size, dim, seed * 1000 + j))
+                for j in range(4)]
+        return time_table_ops(self.fns[(backend, dim)], self.batches[key], workload, iters)
+
+    def _probe_keys(self, dim: int, count: int):
+        n, _ = self.preloaded[dim]
+        return self.tf.constant(key_of(np.arange(0, n, max(1, n // count))[:count]))
+
+    def snapshot(self, dim: int, count: int = 64) -> dict:
+        """Reads `count` stored keys of the Redis table (server running) as the reference for
+        `probe`: the upsert benchmark has overwritten some of the preloaded rows."""
+        self.reference = self.fns[("redis", dim)]["lookup"](self._probe_keys(dim, count)).numpy()
+        return {"keys": count, "all_zeros": bool(not self.reference.any())}
+
+    def probe(self, dim: int, count: int = 64) -> dict:
+        """Looks up the `snapshot` keys again (the driver may have paused the server): the error
+        text if it raised, else whether the rows are the stored ones or the zeros default."""
+        t0 = time.perf_counter()
+        try:
+            rows = self.fns[("redis", dim)]["lookup"](self._probe_keys(dim, count)).numpy()
+        except Exception as e:  # noqa: BLE001 (the probe reports what happened)
+            text = str(e).strip()
+            first = text.splitlines()[0][:500] if text else ""
+            return {"seconds": time.perf_counter() - t0,
+                    "raised": f"{type(e).__name__}: {first}".rstrip(": ")}
+        return {"seconds": time.perf_counter() - t0, "raised": None,
+                "rows_equal_stored": int(np.all(rows == self.reference, axis=1).sum()),
+                "rows_all_zeros_default": int((~rows.any(axis=1)).sum()), "keys": count}
+
+    def drop(self, dim: int) -> dict:
+        for backend in ("redis", "memory"):
+            self.vars.pop((backend, dim), None)
+            self.fns.pop((backend, dim), None)
+        self.batches = {k: v for k, v in self.batches.items() if k[1] != dim}
+        return {}
+
+
 class TfraSide:
     """TFRA tables: per dim one with a zeros default ("zeros") and one with RandomNormal
     ("normal"), both preloaded with the same rows."""
@@ -403,6 +491,15 @@ class TfraSide:
         out["fs_restore_s"] = time.perf_counter() - t0
         assert int(var.size()) == n
         return out
+
+    def kv(self, action: str, **kw):
+        """benchmarks/bench_redis.py: action "init" (redis_config_path, prefix) makes a KvRunner
+        on TFRA; the others ("setup", "time", "snapshot", "probe", "drop")
+        go to it."""
+        if action == "init":
+            self.kv_runner = KvRunner(self.tf, self.de, **kw)
+            return {}
+        return self.kv_runner.call(action, **kw)
 
     def fit(self, action: str, spec: dict | None = None, r: int = 0):
         """The model.fit comparison (FitRunner on tf_keras + TFRA): action "setup" (with spec),
