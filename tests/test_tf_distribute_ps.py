@@ -181,3 +181,88 @@ def step_coefficients(steps):
                 c[int(k)] = c.get(int(k), 0.0) + float(label)
         out.append(c)
     return out
+
+
+# ---- checkpoints of a distributed job ------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ps_checkpoint(tmp_path_factory):
+    """A 1-worker, 2-PS Adam job saved with tf.train.Checkpoint and de.save after 12 steps, and
+    its rows, slots and dense weights exported from the PS tasks when it saved; plus the same
+    checkpoints restored (no training) by a 1-PS cluster."""
+    d = tmp_path_factory.mktemp("ps_ckpt")
+    with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
+        state = run_job(d / "ps.npz", "--model", "dense", "--optimizer", "adam",
+                        "--save-dir", str(d / "save"), cluster=cluster)
+    restored = {}
+    with LocalCluster(num_workers=1, num_ps=1, env=ENV) as cluster:
+        for kind in ("tf", "common"):
+            restored[kind] = run_job(d / f"restored_{kind}.npz", "--steps", "0",
+                                     "--restore-dir", str(d / "save"), "--restore-kind", kind,
+                                     cluster=cluster)
+    return d / "save", state, restored
+
+
+def assert_same_rows(got_state, want_state):
+    got, want = rows_by_key(got_state), rows_by_key(want_state)
+    assert set(got) == set(want) == batch_keys(12)
+    for k, (v, s, _) in want.items():
+        np.testing.assert_array_equal(got[k][0], v, err_msg=f"row {k}")
+        np.testing.assert_array_equal(got[k][1], s, err_msg=f"Adam slots of {k}")
+
+
+def local_job(num_shards):
+    sys.path.insert(0, os.path.dirname(JOB))
+    from ps_job import Job
+    return Job("dense", "adam", local_shards=num_shards)
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("kind", ["tf", "common"])
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_ps_checkpoint_restores_into_single_process(ps_checkpoint, kind, num_shards):
+    save_dir, state, _ = ps_checkpoint
+    assert int(state["num_shards"]) == 2 and not state["shard_in_chief_process"].any()
+    job = local_job(num_shards)
+    before = job.table_state()
+    assert int(before["num_shards"]) == num_shards
+    job.restore(str(save_dir), kind)
+    after = job.table_state()
+    assert_keys_routed(after)  # re-routed over this variable's own shard count
+    assert_same_rows(after, state)
+    np.testing.assert_array_equal(after["dense0"], state["dense0"])
+    np.testing.assert_array_equal(after["dense1"], state["dense1"])
+
+
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("kind", ["tf", "common"])
+def test_ps_checkpoint_restores_into_a_smaller_cluster(ps_checkpoint, kind):
+    _, state, restored = ps_checkpoint
+    got = restored[kind]
+    assert int(got["num_shards"]) == 1
+    assert str(got["shard0_device"]) == "/job:ps/replica:0/task:0/device:CPU:0"
+    assert not got["shard_in_chief_process"].any()
+    assert_same_rows(got, state)
+    np.testing.assert_array_equal(got["dense0"], state["dense0"])
+
+
+@pytest.mark.timeout(400)
+def test_ps_checkpoint_restores_into_jax(ps_checkpoint):
+    import dualemb.jax as dej
+    from dualemb.core import checkpoint as core_ckpt
+    save_dir, state, _ = ps_checkpoint
+    path = save_dir / "common"
+    names = [t["name"] for t in core_ckpt.read_manifest(path)["tables"]]
+    assert len(names) == 1
+    table = dej.load(path, names[0])
+    try:
+        assert int(table.step) == 12
+        page = table.core().export()
+        got = {int(k): (v, s) for k, v, s in zip(page["keys"], page["values"], page["slots"])}
+        want = rows_by_key(state)
+        assert set(got) == set(want)
+        for k, (v, s, _) in want.items():
+            np.testing.assert_array_equal(got[k][0], v, err_msg=f"row {k}")
+            np.testing.assert_array_equal(got[k][1], s, err_msg=f"Adam slots of {k}")
+    finally:
+        dej.destroy(table)

@@ -9,6 +9,7 @@ and shapes all agree. See docs/tf_saving.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 
@@ -18,6 +19,7 @@ import tensorflow as tf
 
 from dualemb.core import checkpoint as _ckpt
 from dualemb.core.checkpoint import CheckpointError
+from dualemb.tf import remote_shards
 from dualemb.tf import variable_state as state
 from dualemb.tf.keras_files import own_de_variables
 from dualemb.tf.trainable import is_trainable_wrapper
@@ -138,7 +140,15 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
     optimizer = _optimizer_for(obj, optimizer)
     if step is None and optimizer is not None:
         step = _iterations(optimizer)
-    tables = {name: state.core_shards(var) for name, var in variables.items()}
+    with contextlib.ExitStack() as stack:
+        # Shards on PS tasks are gathered through their handles into scratch tables here.
+        tables = {name: stack.enter_context(remote_shards.staged_core_shards(var))[0]
+                  for name, var in variables.items()}
+        _save_tables(obj, path, variables, tables, optimizer, step, include_dense, metadata)
+    return variables
+
+
+def _save_tables(obj, path, variables, tables, optimizer, step, include_dense, metadata):
     dense, order = _dense_weights(obj, optimizer) if include_dense else ({}, {})
     meta = {"framework": "tensorflow", "writer": "dualemb.tf.save",
             "variables": {name: {"num_shards": len(t), "dim": int(var.dim)}
@@ -151,7 +161,6 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
     if metadata:
         meta["user"] = dict(metadata)
     _ckpt.save(os.fspath(path), tables, steps=step, dense=dense or None, metadata=meta)
-    return variables
 
 
 def load(obj, path, *, optimizer=None, strict=True, load_dense=True):
@@ -191,8 +200,15 @@ def load(obj, path, *, optimizer=None, strict=True, load_dense=True):
     # whole checkpoint before touching any table.
     result = None
     if chosen:
-        result = _ckpt.load(path, {n: state.core_shards(v) for n, v in chosen.items()},
-                            partitioner={n: state.numpy_partitioner(v) for n, v in chosen.items()})
+        with contextlib.ExitStack() as stack:
+            # Shards on PS tasks are loaded into scratch tables, then written to the PS.
+            staged = {n: stack.enter_context(remote_shards.staged_core_shards(v))
+                      for n, v in chosen.items()}
+            result = _ckpt.load(path, {n: t for n, (t, _) in staged.items()},
+                                partitioner={n: state.numpy_partitioner(v)
+                                             for n, v in chosen.items()})
+            for n, (t, remote) in staged.items():
+                remote_shards.write_back(chosen[n], t, remote)
     if result is None:
         result = _ckpt.Checkpoint(path=path, manifest=manifest)
     for v, value in assignments:

@@ -24,7 +24,7 @@ from dualemb.core import legacy_spec
 from dualemb.core.checkpoint import CheckpointError
 from dualemb.core.spec import parse_description, to_spec
 from dualemb.core.table import Table, _core
-from dualemb.tf import ops
+from dualemb.tf import ops, remote_shards
 
 FORMAT = "dualemb.tf.variable"
 # 2: "describe" is the core's JSON description object. 1: "config|optimizer" in the old
@@ -64,8 +64,9 @@ def var_facts(var) -> dict:
     """dim, dtypes, shard ids and shard configs of a Variable, read now (in Python)."""
     ids = shard_ids(var)
     descr = []
-    for tid in ids:
-        config, opt = parse_description(describe(tid))
+    for shard in var.tables:
+        # Read where the shard lives (a PS task's table is not in this process's registry).
+        config, opt = parse_description(remote_shards.describe_shard(shard))
         descr.append((to_spec(config), opt))
     return {
         "name": str(var.name),
@@ -276,9 +277,9 @@ def import_tensors(var, facts: dict, restored: dict, deps: list):
 def _sync_optimizer_spec(var) -> None:
     """Records on each TableShard the optimizer a restore attached, so a SavedModel exported
     later re-creates the table with it."""
-    for t, tid in zip(var.tables, shard_ids(var)):
+    for t in var.tables:
         if hasattr(t, "optimizer_spec"):
-            opt = parse_description(describe(tid))[1]
+            opt = parse_description(remote_shards.describe_shard(t))[1]
             t.optimizer_spec = "" if opt is None else to_spec(opt)
 
 

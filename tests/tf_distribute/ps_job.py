@@ -4,6 +4,11 @@ never connected to a cluster).
 
     python tests/tf_distribute/ps_job.py --out result.npz [--cluster JSON] [--model dense|linear]
         [--optimizer adam|sgd] [--steps N] [--kill-worker-after K --kill-pid PID]
+        [--save-dir DIR]
+
+With ``--save-dir`` the trained job also writes ``DIR/tf/ckpt`` (a ``tf.train.Checkpoint`` of the
+model and optimizer) and ``DIR/common`` (``de.save``, step = --steps); under a cluster both gather
+the rows from the PS tasks through the shards' handles.
 
 The result file holds, per table shard: keys, values, slots and the device it lives on, plus the
 dense weights, so the test compares a cluster run with a single-process run row by row.
@@ -41,12 +46,15 @@ def batches(steps: int, seed: int = 0):
 class Job:
     """The model, optimizer and train step; under ``strategy`` when one is given."""
 
-    def __init__(self, model_kind: str, optimizer: str, strategy=None, shards_per_ps: int = 1):
+    def __init__(self, model_kind: str, optimizer: str, strategy=None, shards_per_ps: int = 1,
+                 local_shards: int = 1):
         self.model_kind = model_kind
         scope = strategy.scope() if strategy is not None else tf.init_scope()
         devices = None
         if strategy is not None and shards_per_ps > 1:
             devices = placement.ps_devices(strategy, shards_per_ps)
+        elif strategy is None and local_shards > 1:
+            devices = ["/CPU:0"] * local_shards
         with scope:
             self.embedding = de.keras.layers.SquashedEmbedding(
                 DIM, combiner="sum", devices=devices, name="emb",
@@ -76,6 +84,18 @@ class Job:
         grads = tape.gradient(loss, variables)
         self.optimizer.apply(grads, variables, step=step)
         return loss
+
+    def save(self, save_dir: str, step: int) -> None:
+        tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).write(
+            os.path.join(save_dir, "tf", "ckpt"))
+        de.save(self.model, os.path.join(save_dir, "common"), optimizer=self.optimizer, step=step)
+
+    def restore(self, save_dir: str, kind: str) -> None:
+        if kind == "tf":
+            tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).read(
+                os.path.join(save_dir, "tf", "ckpt")).assert_existing_objects_matched()
+        else:
+            de.load(self.model, os.path.join(save_dir, "common"), optimizer=self.optimizer)
 
     def table_state(self):
         """Per shard: keys, values, slots, the shard's device and core table id."""
@@ -108,6 +128,8 @@ def run_cluster(args):
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
     job = Job(args.model, args.optimizer, strategy, args.shards_per_ps)
+    if args.restore_dir:
+        job.restore(args.restore_dir, args.restore_kind)
 
     @tf.function
     def train_step(ids, labels, step):
@@ -124,6 +146,8 @@ def run_cluster(args):
             while os.path.exists(args.marker):
                 time.sleep(0.05)
     coordinator.join()
+    if args.save_dir:
+        job.save(args.save_dir, args.steps)
     state = job.table_state()
     # The tables live on the PS tasks, not in this process's core registry.
     from dualemb.core import Table
@@ -146,6 +170,9 @@ def main():
     p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--shards-per-ps", type=int, default=1)
+    p.add_argument("--save-dir", default="")
+    p.add_argument("--restore-dir", default="", help="restore a --save-dir before training")
+    p.add_argument("--restore-kind", default="tf", choices=["tf", "common"])
     p.add_argument("--kill-worker-after", type=int, default=-1)
     p.add_argument("--marker", default="", help="file written mid-training; waits until removed")
     args = p.parse_args()
