@@ -186,7 +186,14 @@ def step_coefficients(steps):
 # ---- checkpoints of a distributed job ------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def ps_checkpoint(tmp_path_factory):
+def one_ps_cluster():
+    """1 worker, 1 PS, shared by the tests below that need a second, smaller cluster."""
+    with LocalCluster(num_workers=1, num_ps=1, env=ENV) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def ps_checkpoint(tmp_path_factory, one_ps_cluster):
     """A 1-worker, 2-PS Adam job saved with tf.train.Checkpoint and de.save after 12 steps, and
     its rows, slots and dense weights exported from the PS tasks when it saved; plus the same
     checkpoints restored (no training) by a 1-PS cluster."""
@@ -195,11 +202,10 @@ def ps_checkpoint(tmp_path_factory):
         state = run_job(d / "ps.npz", "--model", "dense", "--optimizer", "adam",
                         "--save-dir", str(d / "save"), cluster=cluster)
     restored = {}
-    with LocalCluster(num_workers=1, num_ps=1, env=ENV) as cluster:
-        for kind in ("tf", "common"):
-            restored[kind] = run_job(d / f"restored_{kind}.npz", "--steps", "0",
-                                     "--restore-dir", str(d / "save"), "--restore-kind", kind,
-                                     cluster=cluster)
+    for kind in ("tf", "common"):
+        restored[kind] = run_job(d / f"restored_{kind}.npz", "--steps", "0",
+                                 "--restore-dir", str(d / "save"), "--restore-kind", kind,
+                                 cluster=one_ps_cluster)
     return d / "save", state, restored
 
 
@@ -266,3 +272,14 @@ def test_ps_checkpoint_restores_into_jax(ps_checkpoint):
             np.testing.assert_array_equal(got[k][1], s, err_msg=f"Adam slots of {k}")
     finally:
         dej.destroy(table)
+
+
+@pytest.mark.timeout(300)
+def test_embedding_update_without_step_raises_under_ps(tmp_path, one_ps_cluster):
+    """optimizer.apply(...) without step= under ParameterServerStrategy raises the documented
+    ValueError when the step function is traced, before any update reaches the PS."""
+    state = run_job(tmp_path / "nostep.npz", "--omit-step", cluster=one_ps_cluster)
+    assert "needs the step number" in str(state["error"])
+    assert "step=step" in str(state["error"])
+    for i in range(int(state["num_shards"])):
+        assert state[f"shard{i}_keys"].size == 0  # nothing was looked up or applied

@@ -72,6 +72,7 @@ class Job:
             self.optimizer = de.DynamicEmbeddingOptimizer(inner)
             self.optimizer.build(self.model.trainable_variables)
         self.strategy = strategy
+        self.omit_step = False  # --omit-step: call apply() without step= (must raise under PS)
 
     def replica_step(self, ids, labels, step):
         with tf.GradientTape() as tape:
@@ -82,7 +83,7 @@ class Job:
                 loss = tf.reduce_sum(pred * labels)
         variables = self.model.trainable_variables
         grads = tape.gradient(loss, variables)
-        self.optimizer.apply(grads, variables, step=step)
+        self.optimizer.apply(grads, variables, step=None if self.omit_step else step)
         return loss
 
     def save(self, save_dir: str, step: int) -> None:
@@ -131,9 +132,22 @@ def run_cluster(args):
     if args.restore_dir:
         job.restore(args.restore_dir, args.restore_kind)
 
+    job.omit_step = args.omit_step
+
     @tf.function
     def train_step(ids, labels, step):
         return strategy.run(job.replica_step, args=(ids, labels, step))
+
+    if args.omit_step:
+        ids, labels = next(batches(1))
+        try:
+            coordinator.schedule(train_step, args=(tf.constant(ids), tf.constant(labels),
+                                                   tf.constant(1, tf.int64)))
+            coordinator.join()
+            error = ""
+        except ValueError as e:
+            error = str(e)
+        return {**job.table_state(), "error": np.array(error)}
 
     for k, (ids, labels) in enumerate(batches(args.steps)):
         coordinator.schedule(train_step, args=(tf.constant(ids), tf.constant(labels),
@@ -171,6 +185,8 @@ def main():
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--shards-per-ps", type=int, default=1)
     p.add_argument("--save-dir", default="")
+    p.add_argument("--omit-step", action="store_true",
+                   help="schedule one step whose apply() has no step=; record the error")
     p.add_argument("--restore-dir", default="", help="restore a --save-dir before training")
     p.add_argument("--restore-kind", default="tf", choices=["tf", "common"])
     p.add_argument("--kill-worker-after", type=int, default=-1)
