@@ -36,6 +36,9 @@ def describe_shard(shard) -> str:
 
 def _scratch_copy(shard, key_dtype: tf.DType, dim: int) -> Table:
     config, opt = parse_description(describe_shard(shard))
+    # The scratch copy is in memory: with the shard's Redis backend members it would open the
+    # same Redis table from the chief (and destroying it could touch the shared rows).
+    config = {k: v for k, v in config.items() if k not in ("backend", "redis")}
     tid = _core.create(0, to_spec(config))
     table = Table.attach(tid)
     try:
