@@ -168,6 +168,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             shard._bind_variable(self)
         self._self_setattr_tracking = True
         self._tables = shards  # tracked: a SavedModel recreates each table on load
+        if self._restrict_policy is not None:  # tracked: saved and restored with the variable
+            self._restrict_status = self._restrict_policy.status_variable
 
     # ---- description ---------------------------------------------------------------------------
     @property
