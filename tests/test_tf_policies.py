@@ -210,3 +210,16 @@ def test_get_slot_variables_of_another_optimizer_is_empty():
     assert [s.name for s in v.get_slot_variables(opt)] == [f"{v.name}/momentum",
                                                            f"{v.name}/velocity"]
     assert v.get_slot_variables(keras.optimizers.Adam(0.1)) == []
+
+
+def test_keras_fit_updates_the_status():
+    """model.fit runs the optimizer step in a tf.function: the status still counts each id once
+    per batch."""
+    layer = de.keras.layers.Embedding(2, restrict_policy=de.FrequencyRestrictPolicy, name="fitpol")
+    inputs = keras.Input([3], dtype="int64")
+    model = keras.Model(inputs, keras.layers.Dense(1)(keras.ops.sum(layer(inputs), axis=1)))
+    model.compile(de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.01)), "mse")
+    x = np.array([[1, 2, 2], [3, 1, 1], [4, 4, 4], [2, 5, 6]], np.int64)
+    model.fit(x, np.zeros([4, 1]), batch_size=2, epochs=2, shuffle=False, verbose=0)
+    batches = [x[:2], x[2:]] * 2
+    assert _status(layer.params.restrict_policy) == _reference_counts(batches)
