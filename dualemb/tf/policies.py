@@ -89,16 +89,12 @@ class RestrictPolicy:
     _field = None
 
     def __init__(self, var):
-        from dualemb.tf.variable import Variable  # variable.py imports this module
-
-        if not isinstance(var, Variable):
+        if not callable(getattr(var, "_status_variable", None)):  # not a dualemb Variable
             raise TypeError(f"{type(self).__name__} takes the Variable it restricts, got {var!r}; "
                             "pass the policy class to Variable(restrict_policy=...)")
         self.var = var
         self.params_in_slots = []  # TFRA compatibility; slots live beside the rows here
-        self.status_variable = Variable(
-            key_dtype=var.key_dtype, dim=1, devices=var.devices, partitioner=var.partition_fn,
-            name=f"{var.name}/status/{self._kind}", initializer=0.0, trainable=False)
+        self.status_variable = var._status_variable(self._kind)
 
     def apply_update(self, ids):
         """Records one update of each distinct key in ``ids`` (any shape) in the status. Returns

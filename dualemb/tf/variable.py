@@ -487,6 +487,13 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             self, dirpath, proc_size=proc_size, proc_rank=proc_rank, dirpath_env=dirpath_env,
             load_entire_dir=load_entire_dir)
 
+    def _status_variable(self, kind: str) -> "Variable":
+        """A restrict policy's status: a dim-1 Variable sharded as this one (same devices and
+        partitioner), so status shard i holds keys of shard i (dualemb/tf/policies.py)."""
+        return Variable(key_dtype=self._key_dtype, dim=1, devices=self._devices,
+                        partitioner=self._partition_fn, name=f"{self._name}/status/{kind}",
+                        initializer=0.0, trainable=False)
+
     # ---- optimizer attachment (DynamicEmbeddingOptimizer) ------------------------------------
     def _attach_optimizer(self, spec: dict, spec_text: str, owner) -> None:
         if self._optimizer_owner is not None:
