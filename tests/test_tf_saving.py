@@ -183,8 +183,9 @@ def test_restore_inside_tf_function_graph(tmp_path):
 
 @pytest.mark.parametrize("policy", ["TimestampRestrictPolicy", "FrequencyRestrictPolicy"])
 def test_restored_metadata_drives_restrict_policies(tmp_path, policy):
-    """last_update / update_count come back, so restrict() after a restore keeps the same keys
-    as restrict() on the original."""
+    """The policy's status (its own table's last_update / update_count) comes back, so
+    restrict() after a restore keeps the same keys as restrict() on the original. The status
+    only changes through apply_update (as in TFRA), so the test feeds it, not upserts alone."""
     import dualemb.tf as de
 
     def make(name, shards):
@@ -195,6 +196,7 @@ def test_restored_metadata_drives_restrict_policies(tmp_path, policy):
     for i in range(12):  # key k is written k + 1 times, and higher keys are written last
         keys = np.arange(i, 12, dtype=np.int64)
         var.upsert(tf.constant(keys[::-1].copy()), tf.fill([len(keys), 2], float(i)))
+        var.restrict_policy.apply_update(tf.constant(keys[::-1].copy()))
     path = tf.train.Checkpoint(emb=var).save(str(tmp_path / "ckpt"))
     other = make("restricted2", 2)  # restrict() keeps num_reserved / N keys per shard
     tf.train.Checkpoint(emb=other).restore(path)
@@ -202,6 +204,10 @@ def test_restored_metadata_drives_restrict_policies(tmp_path, policy):
     other.restrict(4, trigger=4)
     kept = sorted(var.export()[0].numpy().tolist())
     assert sorted(other.export()[0].numpy().tolist()) == kept and len(kept) == 4
+    # Both policies rank the highest keys best (written last and most often): 2 per shard.
+    parts = de.default_partition_fn(tf.range(12, dtype=tf.int64), 2).numpy()
+    expected = sorted(sorted(np.flatnonzero(parts == i).tolist())[-2:] for i in range(2))
+    assert kept == sorted(sum(expected, []))
 
 
 def test_empty_variable_round_trip(tmp_path):

@@ -429,6 +429,8 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
             return ops.apply_gradients(table_id, keys, grads, learning_rate, step)
 
         params._write_flat(step_fn, group.keys, group.values)
+        if params.restrict_policy is not None:  # as TFRA's optimizer, on every step
+            params.restrict_policy.apply_update(group.keys)
 
 
 def _under_parameter_server_strategy() -> bool:

@@ -1,22 +1,36 @@
 """Restrict policies: keep a Variable's size in check by evicting its least useful keys.
 
 Pass the **class** to ``Variable(restrict_policy=...)`` (an instance raises ``TypeError``, as in
-TFRA); the Variable builds the instance. ``var.restrict(num_reserved, trigger=...)`` calls
-``apply_restriction``: when ``var.size() > trigger`` (default ``num_reserved``), each of the N shards
-keeps its best ``num_reserved / N`` keys (the remainder goes to the first shards), and the evicted
-keys' optimizer slots and metadata go with their rows, in the same core operation.
+TFRA); the Variable builds the instance.
 
-The scores come from the per-key metadata the core maintains on every write, so ``apply_update``
-has nothing to do (it exists for TFRA code that calls it):
+**Status.** As in TFRA, a policy keeps its per-key statistics in a status variable of its own: a
+dim-1 ``Variable`` (``policy.status_variable``, named ``"{var name}/status/{timestamp|frequency}"``)
+with the Variable's devices and partitioner, so status shard i holds the keys of shard i. It is a
+checkpoint dependency of the Variable (saved, restored and freed with it). Its rows' values are
+unused; the score of a key is the core's per-row metadata of the status table:
 
-- ``TimestampRestrictPolicy``: recency. The core stamps each written row with the table's logical
-  clock (one tick per write operation) instead of TFRA's wall-clock seconds, so there are no ties
-  within a second.
-- ``FrequencyRestrictPolicy``: the number of writes (optimizer steps, upserts) of each row. A key
-  repeated within one batch counts once, as in TFRA.
+- ``FrequencyRestrictPolicy``: ``update_count``, the number of ``apply_update`` calls that saw the
+  key. ``apply_update`` writes the batch's *unique* ids, so ids ``[[1, 2], [3, 3]]`` count each of
+  1, 2, 3 once, as in TFRA.
+- ``TimestampRestrictPolicy``: ``last_update``, the status table's logical clock (one tick per
+  ``apply_update``; the shards' clocks are aligned first, so stamps are comparable across shards)
+  instead of TFRA's wall-clock seconds: later updates always stamp higher, with no ties within a
+  second.
 
-``policy.status`` gives read access to the scores: ``export()`` -> (keys, scores), ``size()``,
-``lookup(keys)`` (0 for absent keys).
+Only ``apply_update`` changes the status (not ``upsert`` or lookups), as in TFRA.
+``DynamicEmbeddingOptimizer`` calls ``apply_update`` with the gradient's ids on every step; without
+an optimizer, call it yourself.
+
+**Restriction.** ``var.restrict(num_reserved, trigger=...)`` calls ``apply_restriction``: when
+``var.size() > trigger`` (default ``num_reserved``), each of the N shards keeps ``num_reserved / N``
+keys (the remainder goes to the first shards; TFRA drops it): the status keys with the best scores
+(equal scores: the smaller key first). The other status keys are erased from the Variable (with
+their slots) and from the status. Keys of the Variable that have no status (written by ``upsert``
+only) rank below every scored key and are evicted first when the shard is still over its share
+(TFRA never evicts them, so its Variable can stay above ``num_reserved``).
+
+``policy.status`` reads the statistics: ``export()`` -> (keys, scores int64), ``size()`` (status
+keys), ``lookup(keys)`` (0 for keys without status).
 """
 
 from __future__ import annotations
@@ -29,24 +43,24 @@ from dualemb.tf import ops
 class PolicyStatus:
     """Read-only view of the per-key scores a policy restricts by."""
 
-    def __init__(self, var, field: str):
-        self._var = var
+    def __init__(self, status_var, field: str):
+        self._status = status_var
         self._field = field  # "last_update" or "update_count"
 
     def export(self):
         keys, scores = [], []
-        for shard in self._var.tables:
-            page = ops.export_table(shard.resource, self._var.key_dtype, self._var.dim)
+        for shard in self._status.tables:
+            page = ops.export_table(shard.resource, self._status.key_dtype, 1)
             keys.append(page["keys"])
             scores.append(page[self._field])
         return tf.concat(keys, 0), tf.concat(scores, 0)
 
     def size(self, index=None):
-        return self._var.size(index)
+        return self._status.size(index)
 
     def lookup(self, keys):
-        """Scores of ``keys`` (any shape); 0 for keys not in the table."""
-        keys = tf.convert_to_tensor(keys, self._var.key_dtype)
+        """Scores of ``keys`` (any shape); 0 for keys without status."""
+        keys = tf.convert_to_tensor(keys, self._status.key_dtype)
         all_keys, all_scores = self.export()
         order = tf.argsort(all_keys)
         sorted_keys = tf.gather(all_keys, order)
@@ -60,19 +74,43 @@ class PolicyStatus:
         return tf.reshape(got, tf.shape(keys))
 
 
-class RestrictPolicy:
-    """Base class. Subclasses set ``_policy`` ("recency" / "frequency") and ``_field``."""
+def _ranked_keys(keys, scores):
+    """``keys`` best first: higher score first, the smaller key first among equal scores (the
+    core's own tie rule)."""
+    by_key = tf.argsort(keys, stable=True)
+    by_score = tf.argsort(tf.gather(scores, by_key), direction="DESCENDING", stable=True)
+    return tf.gather(keys, tf.gather(by_key, by_score))
 
-    _policy = None
+
+class RestrictPolicy:
+    """Base class. Subclasses set ``_kind`` (the status name) and ``_field`` (the score)."""
+
+    _kind = None
     _field = None
 
     def __init__(self, var):
+        if not callable(getattr(var, "_status_variable", None)):  # not a dualemb Variable
+            raise TypeError(f"{type(self).__name__} takes the Variable it restricts, got {var!r}; "
+                            "pass the policy class to Variable(restrict_policy=...)")
         self.var = var
         self.params_in_slots = []  # TFRA compatibility; slots live beside the rows here
+        self.status_variable = var._status_variable(self._kind)
 
     def apply_update(self, ids):
-        """No-op: the core updates each row's metadata on every write."""
-        return tf.no_op()
+        """Records one update of each distinct key in ``ids`` (any shape) in the status. Returns
+        an int64 tensor (status keys a capacity evicted: 0), usable in and out of tf.function."""
+        status = self.status_variable
+        keys, _ = tf.unique(tf.reshape(tf.cast(ids, status.key_dtype), [-1]))
+        shards = status.tables
+        deps = []
+        if len(shards) > 1:
+            # One clock for all shards, so last_update orders updates across shards too.
+            clock = tf.reduce_max(tf.stack([ops.get_clock(s.resource) for s in shards]))
+            deps = [ops.set_clock(s.resource, clock) for s in shards]
+        with tf.control_dependencies(deps):
+            zeros = tf.zeros([tf.size(keys), 1], tf.float32)
+            evicted = status._write_flat(ops.insert_or_assign, keys, zeros)
+        return evicted[0] if len(evicted) == 1 else tf.add_n(evicted)
 
     def apply_restriction(self, num_reserved, **kwargs):
         """Restricts the variable to about ``num_reserved`` keys when its size exceeds
@@ -86,16 +124,27 @@ class RestrictPolicy:
         if kwargs:
             raise TypeError(f"unexpected arguments to apply_restriction: {sorted(kwargs)}")
         trigger = num_reserved if trigger is None else trigger
-        shards = self.var.tables
-        n = len(shards)
+        pairs = list(zip(self.var.tables, self.status_variable.tables))
+        n = len(pairs)
         reserved = tf.cast(num_reserved, tf.int64)
+        key_dtype = self.var.key_dtype
 
         def restrict():
             removed = []
-            for i, shard in enumerate(shards):
+            for i, (table, status) in enumerate(pairs):
                 keep = reserved // n + tf.cast(tf.cast(i, tf.int64) < reserved % n, tf.int64)
-                removed.append(ops.restrict(shard.resource, keep, self._policy,
-                                            key_dtype=self.var.key_dtype))
+                page = ops.export_table(status.resource, key_dtype, 1)
+                ranked = _ranked_keys(page["keys"], page[self._field])
+                kept, dropped = ranked[:keep], ranked[keep:]
+                before = ops.table_size(table.resource)
+                with tf.control_dependencies([before]):
+                    erased = [ops.erase(table.resource, dropped), ops.erase(status.resource, dropped)]
+                with tf.control_dependencies(erased):
+                    # Rows without status (scored -inf) go first if the shard is still too big.
+                    ones = tf.ones(tf.shape(kept), tf.float32)
+                    done = ops.restrict(table.resource, keep, "custom", kept, ones, key_dtype)
+                with tf.control_dependencies([done]):
+                    removed.append(before - ops.table_size(table.resource))
             return tf.add_n(removed)
 
         size = self.var.size()
@@ -106,18 +155,18 @@ class RestrictPolicy:
 
     @property
     def status(self) -> PolicyStatus:
-        return PolicyStatus(self.var, self._field)
+        return PolicyStatus(self.status_variable, self._field)
 
 
 class TimestampRestrictPolicy(RestrictPolicy):
     """Keeps the most recently updated keys."""
 
-    _policy = "recency"
+    _kind = "timestamp"
     _field = "last_update"
 
 
 class FrequencyRestrictPolicy(RestrictPolicy):
     """Keeps the most frequently updated keys."""
 
-    _policy = "frequency"
+    _kind = "frequency"
     _field = "update_count"

@@ -4,13 +4,38 @@ TFRA keeps each slot (Adam's m and v, ...) in its own ``de.Variable``; dualemb k
 same core row as the value, so that a row and its optimizer state are inserted, evicted, saved and
 restored together. ``Variable.get_slot_variables()`` returns one ``SlotVariable`` per slot, named
 ``"{variable name}/{slot name}"`` with the Keras slot names (``momentum``, ``velocity``, ...).
+
+**Which keys a slot shows.** TFRA's slot tables hold only the keys the optimizer has updated; here
+every row carries slots, and a row written by ``upsert`` (or inserted by a lookup) carries the
+optimizer's *initial* slots. The core records no "written by the optimizer" bit (an optimizer step
+and an upsert both stamp ``last_update`` and bump ``update_count``), so ``export()`` and ``size()``
+show the rows whose slots differ from the optimizer's initial slots — exactly the rows an optimizer
+step has changed. The one difference from TFRA: a key whose every step had an all-zero gradient
+keeps its initial slots (Adam's m = v = 0, for instance) and is not shown, where TFRA would hold a
+row equal to the initial value. ``lookup(keys)`` reads any row's slots (the initial slots for rows
+never trained, and for absent keys, which is what TFRA's slot lookup returns for a missing key).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from dualemb.tf import ops
+
+
+def initial_slots(params) -> np.ndarray:
+    """[num_slots, dim] the slots a new row of ``params`` gets from its attached optimizer."""
+    from dualemb.core import Table  # host-side, through the pybind module
+
+    optimizer = Table.attach(params.tables[0].table_id).optimizer
+    probe = Table(dim=params.dim)
+    try:
+        probe.set_optimizer(optimizer)
+        probe.import_rows(np.zeros([1], np.int64), np.zeros([1, params.dim], np.float32))
+        return probe.export()["slots"][0]
+    finally:
+        probe.destroy()
 
 
 class SlotVariable:
@@ -24,31 +49,47 @@ class SlotVariable:
         self.dim = params.dim
         self.key_dtype = params.key_dtype
 
-    def export(self):
-        """(keys [n], slot values [n, dim])."""
-        keys, values = [], []
+    def _shard_pages(self, trained_only: bool):
+        """Per shard: (keys, this slot's rows), of the trained rows when ``trained_only``."""
+        initial = tf.constant(initial_slots(self.params)) if trained_only else None
         for shard in self.params.tables:
             page = ops.export_table(shard.resource, self.params.key_dtype, self.params.dim)
-            keys.append(page["keys"])
-            values.append(page["slots"][:, self.index, :])
-        return tf.concat(keys, 0), tf.concat(values, 0)
+            keys, slots = page["keys"], page["slots"]
+            if trained_only:  # any slot of the row moved: all slot views show the same keys
+                trained = tf.reduce_any(tf.not_equal(slots, initial[None]), axis=[1, 2])
+                keys, slots = tf.boolean_mask(keys, trained), tf.boolean_mask(slots, trained)
+            yield keys, slots[:, self.index, :]
+
+    def export(self):
+        """(keys [n], slot values [n, dim]) of the rows the optimizer has updated."""
+        pages = list(self._shard_pages(trained_only=True))
+        return tf.concat([k for k, _ in pages], 0), tf.concat([v for _, v in pages], 0)
 
     def size(self, index=None):
-        return self.params.size(index)
+        """Number of rows the optimizer has updated (all shards, or shard ``index``)."""
+        pages = list(self._shard_pages(trained_only=True))
+        if index is not None:
+            if not 0 <= int(index) < len(pages):
+                raise IndexError(f"shard index {index} out of range [0, {len(pages)})")
+            pages = [pages[int(index)]]
+        return tf.add_n([tf.size(k, out_type=tf.int64) for k, _ in pages])
 
     def lookup(self, keys):
-        """Slot rows of ``keys`` (keys.shape + [dim]); zeros for keys not in the table."""
+        """Slot rows of ``keys`` (keys.shape + [dim]); the initial slot for absent keys."""
         keys = tf.convert_to_tensor(keys, self.key_dtype)
-        all_keys, all_values = self.export()
+        pages = list(self._shard_pages(trained_only=False))
+        all_keys = tf.concat([k for k, _ in pages], 0)
+        all_values = tf.concat([v for _, v in pages], 0)
+        default = tf.constant(initial_slots(self.params)[self.index])[None]
         order = tf.argsort(all_keys)
         sorted_keys = tf.gather(all_keys, order)
         sorted_values = tf.gather(all_values, order)
         flat = tf.reshape(keys, [-1])
         pos = tf.searchsorted(sorted_keys, flat)
         padded_keys = tf.concat([sorted_keys, tf.zeros([1], sorted_keys.dtype)], 0)
-        padded_values = tf.concat([sorted_values, tf.zeros([1, self.dim])], 0)
+        padded_values = tf.concat([sorted_values, default], 0)
         found = tf.logical_and(pos < tf.size(sorted_keys), tf.gather(padded_keys, pos) == flat)
-        rows = tf.where(found[:, None], tf.gather(padded_values, pos), tf.zeros([1, self.dim]))
+        rows = tf.where(found[:, None], tf.gather(padded_values, pos), default)
         return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], 0))
 
     def __repr__(self) -> str:

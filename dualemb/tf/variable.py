@@ -168,6 +168,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             shard._bind_variable(self)
         self._self_setattr_tracking = True
         self._tables = shards  # tracked: a SavedModel recreates each table on load
+        if self._restrict_policy is not None:  # tracked: saved and restored with the variable
+            self._restrict_status = self._restrict_policy.status_variable
 
     # ---- description ---------------------------------------------------------------------------
     @property
@@ -484,6 +486,13 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return file_system.load_variable_from_file_system(
             self, dirpath, proc_size=proc_size, proc_rank=proc_rank, dirpath_env=dirpath_env,
             load_entire_dir=load_entire_dir)
+
+    def _status_variable(self, kind: str) -> "Variable":
+        """A restrict policy's status: a dim-1 Variable sharded as this one (same devices and
+        partitioner), so status shard i holds keys of shard i (dualemb/tf/policies.py)."""
+        return Variable(key_dtype=self._key_dtype, dim=1, devices=self._devices,
+                        partitioner=self._partition_fn, name=f"{self._name}/status/{kind}",
+                        initializer=0.0, trainable=False)
 
     # ---- optimizer attachment (DynamicEmbeddingOptimizer) ------------------------------------
     def _attach_optimizer(self, spec: dict, spec_text: str, owner) -> None:
