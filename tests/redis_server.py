@@ -151,3 +151,13 @@ class RedisCluster:
     def cleanup(self) -> None:
         for n in self.nodes:
             n.cleanup()
+
+
+def running_server():
+    """A fresh RedisServer for a pytest fixture (the test files choose the scope): yields it and
+    stops it by pid afterwards, also when the test fails."""
+    s = RedisServer()
+    try:
+        yield s
+    finally:
+        s.cleanup()

@@ -10,16 +10,10 @@ tf = pytest.importorskip("tensorflow")
 jax = pytest.importorskip("jax")
 import dualemb.jax as dej  # noqa: E402
 import dualemb.tf as de  # noqa: E402
-from redis_server import RedisServer  # noqa: E402
+from redis_server import running_server  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = RedisServer()
-    try:
-        yield s
-    finally:
-        s.cleanup()
+server = pytest.fixture(scope="module")(running_server)
 
 
 def test_table_written_by_tf_is_read_and_trained_by_jax(server, tmp_path, monkeypatch):

@@ -15,19 +15,13 @@ import numpy as np
 import pytest
 
 from dualemb.core import Table, initializers, checkpoint
-from redis_server import RedisCluster, RedisServer
+from redis_server import RedisCluster, RedisServer, running_server
 
 TIMEOUT_MS = 500
 _names = itertools.count()
 
 
-@pytest.fixture
-def server():
-    s = RedisServer()
-    try:
-        yield s
-    finally:
-        s.cleanup()
+server = pytest.fixture(running_server)
 
 
 def redis_table(server_or_addresses, dim=4, name=None, **kwargs):

@@ -11,16 +11,10 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 import dualemb.tf as de  # noqa: E402
-from redis_server import RedisServer  # noqa: E402
+from redis_server import running_server  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def server():
-    s = RedisServer()
-    try:
-        yield s
-    finally:
-        s.cleanup()
+server = pytest.fixture(scope="module")(running_server)
 
 
 def write_config(tmp_path, params, name="redis.json"):
