@@ -531,15 +531,7 @@ int64_t Table::enforce_capacity() {
 
 int64_t Table::restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys,
                         const float* scores, int64_t n) {
-  if (by == RestrictBy::kCustom) {
-    // NaN has no place in a ranking (every comparison with it is false), so it is refused
-    // rather than given an arbitrary rank.
-    for (int64_t i = 0; i < n; ++i)
-      if (std::isnan(scores[i]))
-        throw std::invalid_argument("the score of key " + std::to_string(keys[i]) +
-                                    " (position " + std::to_string(i) +
-                                    ") is NaN; scores must be numbers (+-inf allowed)");
-  }
+  if (by == RestrictBy::kCustom) check_restrict_scores(keys, scores, n);
   std::unique_lock<std::shared_mutex> lock(mu_);
   const int64_t removed = restrict_locked(num_reserved, by, keys, scores, n);
   ++clock_;

@@ -836,13 +836,7 @@ int64_t RedisTable::export_rows(int64_t offset, int64_t limit, int64_t* keys, fl
 
 int64_t RedisTable::restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys,
                              const float* scores, int64_t n) {
-  if (by == RestrictBy::kCustom) {
-    for (int64_t i = 0; i < n; ++i)
-      if (std::isnan(scores[i]))
-        throw std::invalid_argument("the score of key " + std::to_string(keys[i]) +
-                                    " (position " + std::to_string(i) +
-                                    ") is NaN; scores must be numbers (+-inf allowed)");
-  }
+  if (by == RestrictBy::kCustom) check_restrict_scores(keys, scores, n);
   std::unordered_map<int64_t, float> custom;
   for (int64_t i = 0; i < n; ++i) custom[keys[i]] = scores[i];  // the last of duplicates wins
   int64_t removed = 0;

@@ -1,6 +1,8 @@
 #include "table_options.h"
 
+#include <cmath>
 #include <stdexcept>
+#include <string>
 
 namespace dualemb {
 namespace {
@@ -52,6 +54,14 @@ void refuse_unused(const Config& c) {
   if (!unused.empty())
     throw std::invalid_argument("table config: '" + unused + "' does not apply to initializer '" +
                                 c.get_string("initializer", "zeros") + "'");
+}
+
+void check_restrict_scores(const int64_t* keys, const float* scores, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isnan(scores[i]))
+      throw std::invalid_argument("the score of key " + std::to_string(keys[i]) +
+                                  " (position " + std::to_string(i) +
+                                  ") is NaN; scores must be numbers (+-inf allowed)");
 }
 
 }  // namespace dualemb

@@ -35,6 +35,11 @@ TableOptions read_table_options(const Config& c);
 // zeros, minval for normal) is refused rather than ignored.
 void refuse_unused(const Config& c);
 
+// restrict(by=custom)'s scores, checked the same way by every backend: NaN has no place in a
+// ranking (every comparison with it is false), so it is refused rather than given an arbitrary
+// rank. Throws std::invalid_argument naming the key and position.
+void check_restrict_scores(const int64_t* keys, const float* scores, int64_t n);
+
 }  // namespace dualemb
 
 #endif  // DUALEMB_STORAGE_TABLE_OPTIONS_H_
