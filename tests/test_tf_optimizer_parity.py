@@ -22,6 +22,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import dualemb.tf as de  # noqa: E402
+from dense_reference import dense_reference  # noqa: E402
 
 DIM = 4
 KEYS = np.array([3, 10, 42, 7, 2**40 + 5, -9], np.int64)  # preloaded and in every batch
@@ -62,21 +63,6 @@ OPTIMIZERS = {
 }
 
 
-class _DenseGradients:
-    """Mixin for the reference optimizer: IndexedSlices gradients become dense tensors."""
-
-    def apply(self, grads, trainable_variables=None):
-        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-                 for g in grads]
-        return super().apply(grads, trainable_variables)
-
-
-def _dense_reference(optimizer):
-    cls = type(optimizer)
-    optimizer.__class__ = type("Dense" + cls.__name__, (_DenseGradients, cls), {})
-    return optimizer
-
-
 def _batches(rng):
     """STEPS batches of [BATCH, WIDTH] ids holding every key of KEYS, with duplicates."""
     out = []
@@ -99,7 +85,7 @@ def _models(optimizer_fn, rows, unused_row, kernel, bias):
     dense_emb.embeddings.assign(np.concatenate([rows, unused_row[None]]))
     head.kernel.assign(kernel)
     head.bias.assign(bias)
-    dense.compile(_dense_reference(optimizer_fn()), "mse")
+    dense.compile(dense_reference(optimizer_fn()), "mse")
 
     de_in = keras.Input((WIDTH,), dtype="int64")
     de_emb = de.keras.layers.Embedding(DIM, name="parity_emb")

@@ -17,6 +17,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import dualemb.tf as de  # noqa: E402
+from dense_reference import dense_reference  # noqa: E402
 from dualemb.core import checkpoint as core_ckpt  # noqa: E402
 
 DIM = 4
@@ -34,22 +35,6 @@ def mixed_float16():
         yield
     finally:
         keras.mixed_precision.set_global_policy(old)
-
-
-class _DenseGradients:
-    """The reference optimizer gets the embedding's gradient as a dense tensor (duplicates
-    summed), the gradient dualemb applies (see tests/test_tf_optimizer_parity.py)."""
-
-    def apply(self, grads, trainable_variables=None):
-        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g
-                 for g in grads]
-        return super().apply(grads, trainable_variables)
-
-
-def _dense_reference(optimizer):
-    cls = type(optimizer)
-    optimizer.__class__ = type("Dense" + cls.__name__, (_DenseGradients, cls), {})
-    return optimizer
 
 
 def _batches(rng):
@@ -73,7 +58,7 @@ def _pair(optimizer_fn, rng, name):
     dense = keras.Model(dense_in, head(keras.layers.Flatten()(dense_emb(dense_in))))
     dense_emb.embeddings.assign(rows)
     head.kernel.assign(kernel)
-    dense.compile(_dense_reference(optimizer_fn()), "mse")
+    dense.compile(dense_reference(optimizer_fn()), "mse")
 
     de_in = keras.Input((WIDTH,), dtype="int64")
     de_emb = de.keras.layers.Embedding(DIM, name=name)
