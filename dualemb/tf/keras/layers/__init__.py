@@ -1,6 +1,7 @@
 """``de.keras.layers``: Keras 3 layers over dynamic embeddings."""
 
 from dualemb.tf.keras.layers.embedding import (BasicEmbedding, Embedding, FieldWiseEmbedding,
-                                               SquashedEmbedding)
+                                               HvdAllToAllEmbedding, SquashedEmbedding)
 
-__all__ = ["Embedding", "BasicEmbedding", "SquashedEmbedding", "FieldWiseEmbedding"]
+__all__ = ["Embedding", "BasicEmbedding", "SquashedEmbedding", "FieldWiseEmbedding",
+           "HvdAllToAllEmbedding"]

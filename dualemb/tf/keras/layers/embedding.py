@@ -20,6 +20,7 @@ import keras
 import tensorflow as tf
 
 from dualemb.tf import creators as de_creators
+from dualemb.tf.distribute import alltoall
 from dualemb.tf import keras_files
 from dualemb.tf import policies as de_policies
 from dualemb.tf.lookup import embedding_lookup, embedding_lookup_unique
@@ -80,6 +81,10 @@ class Embedding(keras.layers.Layer):
       devices: one table shard per entry.
       name: layer name; the Variable is ``name + "-parameter"``.
       with_unique: look each distinct id up once per batch (``embedding_lookup_unique``).
+      all_to_all (keyword): under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``, each
+        replica owns one shard (default ``devices``: the strategy's local replica devices) and
+        ids and rows are exchanged with TF's collective all-to-all
+        (``dualemb/tf/distribute/alltoall.py``); outside a multi-replica step it looks up as usual.
       short_file_name: accepted for compatibility.
       **kwargs: TFRA's ``trainable, bp_v2, restrict_policy, init_capacity, partitioner,
         kv_creator, max_norm, distribute_strategy, keep_distribution, checkpoint``, then Keras'
@@ -99,6 +104,10 @@ class Embedding(keras.layers.Layer):
         distribute_strategy = kwargs.pop("distribute_strategy", None)
         keep_distribution = kwargs.pop("keep_distribution", False)
         checkpoint = kwargs.pop("checkpoint", True)
+        all_to_all = bool(kwargs.pop("all_to_all", False))
+        if all_to_all and devices is None and tf.distribute.has_strategy():
+            # One shard per local replica: replica r owns the keys shard_of(key, N) == r.
+            devices = list(tf.distribute.get_strategy().extended.worker_devices)
         if isinstance(restrict_policy, str):
             restrict_policy = getattr(de_policies, restrict_policy)
         if distribute_strategy is not None:
@@ -123,6 +132,7 @@ class Embedding(keras.layers.Layer):
         self.kv_creator = kv_creator
         self.max_norm = max_norm
         self.checkpoint = bool(checkpoint)
+        self.all_to_all = all_to_all
         self.params = Variable(
             key_dtype=self.key_dtype, value_dtype=self.value_dtype, dim=self.embedding_size,
             devices=devices, partitioner=partitioner, name=f"{name}-parameter",
@@ -156,6 +166,16 @@ class Embedding(keras.layers.Layer):
         return ids.with_flat_values(values) if isinstance(ids, tf.RaggedTensor) else values
 
     def _lookup(self, ids):
+        if self.all_to_all and not isinstance(ids, tf.RaggedTensor):
+            position = alltoall.replica_position()
+            if position is not None:  # in a replica of a multi-replica strategy
+                flat = tf.reshape(ids, [-1])
+                rows = alltoall.lookup_rows(self.params, flat, self._shadow_name, *position)
+                if self.max_norm is not None:
+                    rows = tf.clip_by_norm(rows, self.max_norm, axes=[1])
+                out = tf.reshape(rows, tf.concat([tf.shape(ids), [self.embedding_size]], 0))
+                out.set_shape(ids.shape.concatenate([self.embedding_size]))
+                return out if self.value_dtype == tf.float32 else tf.cast(out, self.value_dtype)
         fn = embedding_lookup_unique if self.with_unique else embedding_lookup
         return fn(self.params, ids, name=self._shadow_name, max_norm=self.max_norm)
 
@@ -195,6 +215,7 @@ class Embedding(keras.layers.Layer):
             "kv_creator": _serialize_creator(self.kv_creator),
             "max_norm": self.max_norm,
             "checkpoint": self.checkpoint,
+            "all_to_all": self.all_to_all,
         })
         return config
 
@@ -309,4 +330,29 @@ class FieldWiseEmbedding(Embedding):
         config["nslots"] = self.nslots
         config["slot_map_fn"] = (None if self.slot_map_fn is None
                                  else keras.saving.serialize_keras_object(self.slot_map_fn))
+        return config
+
+
+@keras.saving.register_keras_serializable(package="dualemb")
+class HvdAllToAllEmbedding(Embedding):
+    """TFRA's ``HvdAllToAllEmbedding`` without Horovod: ``Embedding(..., all_to_all=True)`` on
+    TensorFlow's collective all-to-all under ``MirroredStrategy`` or
+    ``MultiWorkerMirroredStrategy`` (each replica owns the shard ``shard_of(key, N)`` names).
+
+    ``mpi_size`` (TFRA's Horovod world size), if given, must equal the strategy's number of
+    replicas; ``batch_size`` is accepted and unused (the exchange sizes itself per batch)."""
+
+    def __init__(self, *args, mpi_size=None, batch_size=None, **kwargs):
+        kwargs.pop("all_to_all", None)
+        if mpi_size is not None and tf.distribute.has_strategy():
+            n = tf.distribute.get_strategy().num_replicas_in_sync
+            if int(mpi_size) != n:
+                raise ValueError(f"mpi_size={mpi_size} but the strategy has {n} replicas")
+        super().__init__(*args, all_to_all=True, **kwargs)
+        self.mpi_size = mpi_size
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("all_to_all", None)
+        config["mpi_size"] = self.mpi_size
         return config
