@@ -53,7 +53,7 @@ def main():
 
     with strategy.scope():
         emb = de.keras.layers.HvdAllToAllEmbedding(
-            DIM, name="emb", initializer=keras.initializers.RandomNormal(stddev=0.1))
+            embedding_size=DIM, name="emb", initializer=keras.initializers.RandomNormal(stddev=0.1))
         squash = keras.layers.Lambda(lambda x: tf.reduce_sum(x, axis=1))
         dense = keras.layers.Dense(1, kernel_initializer=keras.initializers.GlorotUniform(seed=3))
         inputs = keras.Input(shape=(3,), dtype="int64")

@@ -20,7 +20,7 @@ import keras
 import tensorflow as tf
 
 from dualemb.tf import creators as de_creators
-from dualemb.tf.distribute import alltoall
+from dualemb.tf.distribute import alltoall, replica_shards
 from dualemb.tf import keras_files
 from dualemb.tf import policies as de_policies
 from dualemb.tf.lookup import embedding_lookup, embedding_lookup_unique
@@ -81,10 +81,12 @@ class Embedding(keras.layers.Layer):
       devices: one table shard per entry.
       name: layer name; the Variable is ``name + "-parameter"``.
       with_unique: look each distinct id up once per batch (``embedding_lookup_unique``).
-      all_to_all (keyword): under ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy``, each
-        replica owns one shard (default ``devices``: the strategy's local replica devices) and
-        ids and rows are exchanged with TF's collective all-to-all
-        (``dualemb/tf/distribute/alltoall.py``); outside a multi-replica step it looks up as usual.
+      all_to_all (keyword): made inside the scope of a ``MirroredStrategy`` or
+        ``MultiWorkerMirroredStrategy`` with several replicas, each replica owns one shard (one
+        table per local replica, on its device, unless ``devices`` is given) and a lookup in a
+        replica exchanges ids, rows and row gradients with TF's collective all-to-all
+        (``dualemb/tf/distribute/alltoall.py``, docs/scaling_tf.md); outside a replica it looks
+        up the local shards as usual. What ``HvdAllToAllEmbedding`` sets.
       short_file_name: accepted for compatibility.
       **kwargs: TFRA's ``trainable, bp_v2, restrict_policy, init_capacity, partitioner,
         kv_creator, max_norm, distribute_strategy, keep_distribution, checkpoint``, then Keras'
@@ -105,9 +107,18 @@ class Embedding(keras.layers.Layer):
         keep_distribution = kwargs.pop("keep_distribution", False)
         checkpoint = kwargs.pop("checkpoint", True)
         all_to_all = bool(kwargs.pop("all_to_all", False))
-        if all_to_all and devices is None and tf.distribute.has_strategy():
-            # One shard per local replica: replica r owns the keys shard_of(key, N) == r.
-            devices = list(tf.distribute.get_strategy().extended.worker_devices)
+        exchange = None  # the collective group of the strategy the layer is made under
+        table_devices = devices
+        if all_to_all and tf.distribute.has_strategy():
+            strategy = tf.distribute.get_strategy()
+            if strategy.num_replicas_in_sync > 1:
+                if partitioner is not default_partition_fn:
+                    raise ValueError("an all-to-all embedding routes keys with "
+                                     "dualemb.core.routing.shard_of; a custom partitioner "
+                                     "is not supported")
+                exchange = alltoall.for_strategy(strategy)
+                if devices is None:  # one shard per local replica, on the replica's device
+                    table_devices = list(strategy.extended.worker_devices)
         if isinstance(restrict_policy, str):
             restrict_policy = getattr(de_policies, restrict_policy)
         if distribute_strategy is not None:
@@ -133,12 +144,16 @@ class Embedding(keras.layers.Layer):
         self.max_norm = max_norm
         self.checkpoint = bool(checkpoint)
         self.all_to_all = all_to_all
+        self._exchange = exchange
+        self._secondary_unique = True  # the owner reads each key it receives once
         self.params = Variable(
             key_dtype=self.key_dtype, value_dtype=self.value_dtype, dim=self.embedding_size,
-            devices=devices, partitioner=partitioner, name=f"{name}-parameter",
+            devices=table_devices, partitioner=partitioner, name=f"{name}-parameter",
             initializer=self.initializer, trainable=trainable, checkpoint=checkpoint,
             init_size=self.init_capacity, kv_creator=kv_creator, restrict_policy=restrict_policy,
             bp_v2=bp_v2, short_file_name=short_file_name)
+        if exchange is not None:
+            replica_shards.mark(self.params, exchange.size)
         self._shadow_name = f"{name}-shadow"
 
     def build(self, input_shape=None):
@@ -166,18 +181,29 @@ class Embedding(keras.layers.Layer):
         return ids.with_flat_values(values) if isinstance(ids, tf.RaggedTensor) else values
 
     def _lookup(self, ids):
-        if self.all_to_all and not isinstance(ids, tf.RaggedTensor):
-            position = alltoall.replica_position()
-            if position is not None:  # in a replica of a multi-replica strategy
-                flat = tf.reshape(ids, [-1])
-                rows = alltoall.lookup_rows(self.params, flat, self._shadow_name, *position)
-                if self.max_norm is not None:
-                    rows = tf.clip_by_norm(rows, self.max_norm, axes=[1])
-                out = tf.reshape(rows, tf.concat([tf.shape(ids), [self.embedding_size]], 0))
-                out.set_shape(ids.shape.concatenate([self.embedding_size]))
-                return out if self.value_dtype == tf.float32 else tf.cast(out, self.value_dtype)
+        position = alltoall.replica_position() if self.all_to_all else None
+        if position is not None:  # in a replica of a multi-replica strategy
+            return self._exchange_lookup(ids, *position)
         fn = embedding_lookup_unique if self.with_unique else embedding_lookup
         return fn(self.params, ids, name=self._shadow_name, max_norm=self.max_norm)
+
+    def _exchange_lookup(self, ids, replica, num_replicas):
+        exchange = self._exchange
+        if exchange is None or exchange.strategy is not tf.distribute.get_strategy():
+            raise ValueError(
+                f"{type(self).__name__} {self.name!r} runs in a replica of a {num_replicas}-"
+                "replica strategy it was not made under: create the layer (and the model) "
+                "inside that strategy's scope(), so that each replica gets its own shard")
+        values = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
+        rows = alltoall.lookup_rows(self.params, tf.reshape(values, [-1]), self._shadow_name,
+                                    exchange, replica, self._secondary_unique)
+        if self.max_norm is not None:
+            rows = tf.clip_by_norm(rows, self.max_norm, axes=[1])
+        out = tf.reshape(rows, tf.concat([tf.shape(values), [self.embedding_size]], 0))
+        out.set_shape(values.shape.concatenate([self.embedding_size]))
+        if self.value_dtype != tf.float32:
+            out = tf.cast(out, self.value_dtype)
+        return ids.with_flat_values(out) if isinstance(ids, tf.RaggedTensor) else out
 
     def _to_compute_dtype(self, out):
         """Rows in the layer's compute dtype under a float16 / bfloat16 policy (e.g.
@@ -335,24 +361,43 @@ class FieldWiseEmbedding(Embedding):
 
 @keras.saving.register_keras_serializable(package="dualemb")
 class HvdAllToAllEmbedding(Embedding):
-    """TFRA's ``HvdAllToAllEmbedding`` without Horovod: ``Embedding(..., all_to_all=True)`` on
-    TensorFlow's collective all-to-all under ``MirroredStrategy`` or
-    ``MultiWorkerMirroredStrategy`` (each replica owns the shard ``shard_of(key, N)`` names).
+    """TFRA's ``HvdAllToAllEmbedding`` (same arguments) without Horovod:
+    ``Embedding(..., all_to_all=True)``. Made inside the scope of a ``MirroredStrategy`` or
+    ``MultiWorkerMirroredStrategy``, replica ``r`` of ``N`` owns the keys ``shard_of(key, N) ==
+    r`` in its own table, and lookups exchange ids, rows and row gradients with TensorFlow's
+    collective all-to-all (``dualemb/tf/distribute/alltoall.py``); made outside one, it is an
+    ``Embedding``.
 
-    ``mpi_size`` (TFRA's Horovod world size), if given, must equal the strategy's number of
-    replicas; ``batch_size`` is accepted and unused (the exchange sizes itself per batch)."""
+    Args:
+      with_unique: as ``Embedding`` (the exchange always sends each distinct id once).
+      with_secondary_unique: the owner reads each key it receives once, even when several
+        replicas ask for it (default True).
+      mpi_size: TFRA's Horovod world size; if given, it must equal the strategy's number of
+        replicas (1 without a strategy).
+      batch_size: accepted and unused, as in TFRA (the exchange sizes itself per batch).
+      *args, **kwargs: ``Embedding``'s (``embedding_size``, ``key_dtype``, ...).
+    """
 
-    def __init__(self, *args, mpi_size=None, batch_size=None, **kwargs):
+    def __init__(self, with_unique=True, with_secondary_unique=True, mpi_size=None,
+                 batch_size=None, *args, **kwargs):
         kwargs.pop("all_to_all", None)
-        if mpi_size is not None and tf.distribute.has_strategy():
-            n = tf.distribute.get_strategy().num_replicas_in_sync
-            if int(mpi_size) != n:
-                raise ValueError(f"mpi_size={mpi_size} but the strategy has {n} replicas")
-        super().__init__(*args, all_to_all=True, **kwargs)
+        n = (tf.distribute.get_strategy().num_replicas_in_sync
+             if tf.distribute.has_strategy() else 1)
+        if mpi_size is not None and int(mpi_size) != n:
+            raise ValueError(
+                f"HvdAllToAllEmbedding got mpi_size={mpi_size} but is made "
+                + (f"under a strategy with {n} replicas" if n > 1 else "outside a strategy")
+                + ": dualemb exchanges ids between the replicas of the MirroredStrategy or "
+                "MultiWorkerMirroredStrategy whose scope() the layer is made in (no Horovod)")
+        super().__init__(*args, with_unique=with_unique, all_to_all=True, **kwargs)
+        self.with_secondary_unique = bool(with_secondary_unique)
+        self._secondary_unique = self.with_secondary_unique
         self.mpi_size = mpi_size
+        self.batch_size = batch_size
 
     def get_config(self):
         config = super().get_config()
         config.pop("all_to_all", None)
-        config["mpi_size"] = self.mpi_size
+        config.update({"with_secondary_unique": self.with_secondary_unique,
+                       "mpi_size": self.mpi_size, "batch_size": self.batch_size})
         return config
