@@ -43,7 +43,10 @@ class TrainableWrapper(keras.Variable):
         self._de_params = params
         self._de_name = name
         with tf.init_scope():
-            super().__init__(initializer=np.zeros((0, params.dim), np.float32),
+            # A TF tensor, not a numpy array: under MultiWorkerMirroredStrategy TF 2.21's
+            # chief segfaults broadcasting the initial value of a zero-size variable made from
+            # numpy (tests/tf_distribute/zero_size_broadcast.py), not one made from tf.zeros.
+            super().__init__(initializer=tf.zeros((0, params.dim), tf.float32),
                              shape=(0, params.dim), dtype="float32",
                              trainable=bool(params.trainable), name=_variable_name(name))
         # A plain Keras optimizer hands such variables their gradient through assign() (and

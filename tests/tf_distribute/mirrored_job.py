@@ -5,7 +5,8 @@ worker of a 2-worker MultiWorkerMirroredStrategy (TF_CONFIG set by the caller).
 
 Every mode trains on the same global batches (replica r takes rows [r*B/N, (r+1)*B/N)); the loss
 is summed over examples and divided by the global batch, so the sum over replicas is the
-single-process mean. The result file holds the rows and slots of the shards this process owns.
+single-process mean. The result file holds the rows and slots of the shards this process owns
+(local shard i belongs to replica ``first_replica + i``), and the dense layer's weights.
 """
 
 from __future__ import annotations
@@ -88,7 +89,10 @@ def main():
     for ids, labels in batches(args.steps):
         step(tf.constant(ids), tf.constant(labels))
 
-    out = {"num_replicas": np.array(strategy.num_replicas_in_sync)}
+    # The replica owning local shard i: replicas are numbered task-major.
+    task = strategy.cluster_resolver.task_id if args.mode == "multiworker" else 0
+    out = {"num_replicas": np.array(strategy.num_replicas_in_sync),
+           "first_replica": np.array(task * len(emb.params.tables))}
     for i, shard in enumerate(emb.params.tables):
         page = ops.export_table(shard.resource, tf.int64, DIM)
         out[f"shard{i}_keys"] = page["keys"].numpy()
