@@ -11,6 +11,8 @@ TensorFlow resources placed on a device; every table op runs where its handle li
   benchmarks).
 - ``alltoall``: ids routed to the replica owning their shard with TF's collective all-to-all under
   ``MirroredStrategy`` / ``MultiWorkerMirroredStrategy`` (``de.keras.layers.HvdAllToAllEmbedding``).
+- ``replica_shards``: inside a replica, a Variable owned by the replicas reads and writes only
+  the replica's own shard.
 
 See docs/scaling_tf.md.
 """
