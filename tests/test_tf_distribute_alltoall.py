@@ -28,17 +28,17 @@ ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 ATOL = 1e-6
 
 
-def run(out, mode, optimizer, env=None):
+def run(out, mode, optimizer, env=None, extra=()):
     proc = subprocess.run([sys.executable, JOB, "--mode", mode, "--out", str(out),
-                           "--optimizer", optimizer], env=env or ENV, capture_output=True,
+                           "--optimizer", optimizer, *extra], env=env or ENV, capture_output=True,
                           text=True, timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return dict(np.load(out))
 
 
-def run_two_workers(tmp, optimizer):
+def run_two_workers(tmp, optimizer, extra=()):
     """Both workers of a 2-worker MultiWorkerMirroredStrategy job; each killed by pid at the
-    end."""
+    end. ``extra``: more job arguments, ``{task}`` replaced by the worker's index."""
     workers = [f"127.0.0.1:{p}" for p in free_ports(2)]
     procs = []
     try:
@@ -48,7 +48,8 @@ def run_two_workers(tmp, optimizer):
             log = open(tmp / f"worker{task}.log", "w+")
             procs.append((subprocess.Popen(
                 [sys.executable, JOB, "--mode", "multiworker", "--optimizer", optimizer,
-                 "--out", str(tmp / f"worker{task}.npz")], env=env, stdout=log,
+                 "--out", str(tmp / f"worker{task}.npz"),
+                 *[a.replace("{task}", str(task)) for a in extra]], env=env, stdout=log,
                 stderr=subprocess.STDOUT), log))
         for proc, log in procs:
             try:

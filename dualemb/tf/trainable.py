@@ -65,6 +65,18 @@ class TrainableWrapper(keras.Variable):
         weights_snapshot.restore(self._de_params, value)
         return self
 
+    def _restore_from_tensors(self, restored_tensors):
+        # A TF object checkpoint holds the anchor's (0, dim) nothing; the table is restored from
+        # its de.Variable's own entry. Keras restores a variable whose value cannot restore
+        # itself (a MirroredVariable under Mirrored/MultiWorkerMirroredStrategy) through
+        # assign(), which refuses plain arrays (set_weights must not silently skip the table):
+        # answer the checkpoint here instead.
+        value = restored_tensors.get("VARIABLE_VALUE")
+        if value is not None and value.shape.rank == 2 and value.shape[0] == 0 \
+                and value.shape[1] == self._de_params.dim:
+            return tf.no_op()
+        return super()._restore_from_tensors(restored_tensors)
+
     def numpy(self):
         """A ``TableSnapshot``: the ``(0, dim)`` anchor value carrying a copy of the table, so
         ``model.get_weights()`` / ``set_weights()`` (EarlyStopping's restore_best_weights) include

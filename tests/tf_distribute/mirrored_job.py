@@ -2,11 +2,19 @@
 worker of a 2-worker MultiWorkerMirroredStrategy (TF_CONFIG set by the caller).
 
     python tests/tf_distribute/mirrored_job.py --mode single|mirrored|multiworker --out f.npz
+        [--cpus N] [--save DIR] [--restore DIR] [--tf-save PREFIX] [--tf-restore PREFIX]
 
 Every mode trains on the same global batches (replica r takes rows [r*B/N, (r+1)*B/N)); the loss
 is summed over examples and divided by the global batch, so the sum over replicas is the
 single-process mean. The result file holds the rows and slots of the shards this process owns
 (local shard i belongs to replica ``first_replica + i``), and the dense layer's weights.
+
+Checkpoints (docs/scaling_tf.md): ``--restore`` loads a common-format checkpoint (``de.load``)
+and ``--tf-restore`` a ``tf.train.Checkpoint`` before training (use ``--steps 0`` to only
+restore); ``--save`` writes ``de.save`` after training (every worker calls it) and ``--tf-save``
+tries ``tf.train.Checkpoint.write``, recording in the result file whether it raised
+``CheckpointError`` (``tf_save_refused``) instead of failing. ``--cpus`` sets the number of
+logical CPUs (replicas) of ``mirrored`` mode.
 """
 
 from __future__ import annotations
@@ -35,13 +43,18 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"])
+    p.add_argument("--cpus", type=int, default=2)
+    p.add_argument("--save")
+    p.add_argument("--restore")
+    p.add_argument("--tf-save")
+    p.add_argument("--tf-restore")
     args = p.parse_args()
 
     if args.mode == "mirrored":
         cpu = tf.config.list_physical_devices("CPU")[0]
         tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-        strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+            cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpus)
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.cpus)])
     elif args.mode == "multiworker":
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     else:
@@ -86,13 +99,29 @@ def main():
             return replica_fn(ids, labels)
         return strategy.run(replica_fn, args=(part(ids), part(labels)))
 
+    from dualemb.core.checkpoint import CheckpointError
+
+    if args.restore:
+        de.load(model, args.restore, optimizer=optimizer)
+    if args.tf_restore:
+        tf.train.Checkpoint(model=model, optimizer=optimizer).read(args.tf_restore).expect_partial()
     for ids, labels in batches(args.steps):
         step(tf.constant(ids), tf.constant(labels))
+    if args.save:
+        de.save(model, args.save, optimizer=optimizer)
+    refused = False
+    if args.tf_save:
+        try:
+            tf.train.Checkpoint(model=model, optimizer=optimizer).write(args.tf_save)
+        except CheckpointError as e:
+            refused = "dualemb.tf.save" in str(e)
 
     # The replica owning local shard i: replicas are numbered task-major.
     task = strategy.cluster_resolver.task_id if args.mode == "multiworker" else 0
     out = {"num_replicas": np.array(strategy.num_replicas_in_sync),
-           "first_replica": np.array(task * len(emb.params.tables))}
+           "first_replica": np.array(task * len(emb.params.tables)),
+           "iterations": np.array(int(optimizer.iterations.numpy())),
+           "tf_save_refused": np.array(refused)}
     for i, shard in enumerate(emb.params.tables):
         page = ops.export_table(shard.resource, tf.int64, DIM)
         out[f"shard{i}_keys"] = page["keys"].numpy()

@@ -54,14 +54,32 @@ def _default_partitioner(keys: np.ndarray, n: int) -> np.ndarray:
     return shard_of(keys, n)
 
 
+class Subset:
+    """A partitioner for a process that holds only some of a table's keys (one process of a
+    multi-process job): ``fn(keys, num_live_shards)`` returns the live shard of each key, or
+    ``-1`` for a key no live shard of this process holds; those rows are skipped. Plain
+    partitioners may not return -1 (a dropped row would be a silent loss); wrapping one in
+    ``Subset`` says the skipping is meant."""
+
+    def __init__(self, fn):
+        if not callable(fn):
+            raise TypeError(f"Subset takes a partitioner function, got {fn!r}")
+        self.fn = fn
+
+    def __call__(self, keys, n):
+        return self.fn(keys, n)
+
+
 def _route(partitioner, keys: np.ndarray, n: int, name: str) -> np.ndarray:
+    """Live shard index of each key; -1 (skip the row) only from a ``Subset`` partitioner."""
     sid = np.asarray(partitioner(keys, n))
     if sid.shape != keys.shape or sid.dtype.kind not in "iu":
         raise CheckpointError(f"table {name!r}: partitioner returned {sid.dtype} {sid.shape}, "
                               f"expected integer shard indices of shape {keys.shape}")
-    if sid.size and (sid.min() < 0 or sid.max() >= n):
+    low = -1 if isinstance(partitioner, Subset) else 0
+    if sid.size and (sid.min() < low or sid.max() >= n):
         raise CheckpointError(f"table {name!r}: partitioner returned shard indices outside "
-                              f"[0, {n})")
+                              f"[{low}, {n})")
     return sid.astype(np.intp, copy=False)
 
 
@@ -179,12 +197,12 @@ def _verify_all(jobs: list, pool: ThreadPoolExecutor) -> None:
 
         def on_chunk(name, chunk):
             keys = np.frombuffer(chunk, key_np)
-            if job.num_live == 1:
+            if job.num_live == 1 and not isinstance(job.partitioner, Subset):
                 counts[0] += len(keys)
             else:
                 with route_lock:  # the partitioner is user code: one call at a time
                     sid = _route(job.partitioner, keys, job.num_live, job.name)
-                counts[:] += np.bincount(sid, minlength=job.num_live)
+                counts[:] += np.bincount(sid[sid >= 0], minlength=job.num_live)
 
         crc = r.crc_range(tname, lo, hi, buf, on_chunk if tname == "keys" else None)
         return crc, counts
@@ -258,10 +276,14 @@ def _import(job: _Job, partitioner, pool: ThreadPoolExecutor) -> None:
 def _import_page(job: _Job, partitioner, page: dict) -> None:
     keys, values, slots = page["keys"], page["values"], page["slots"]
     last, count = page["last_update"], page["update_count"]
-    if job.num_live == 1:
+    if job.num_live == 1 and not isinstance(partitioner, Subset):
         job.live[0].import_rows(keys, values, slots, last, count)
         return
     sid = _route(partitioner, keys, job.num_live, job.name)
+    held = sid >= 0  # a Subset partitioner's -1: a row this process does not hold
+    if not held.all():
+        sid, keys, values, last, count = sid[held], keys[held], values[held], last[held], count[held]
+        slots = None if slots is None else slots[held]
     order = np.argsort(sid, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(sid, minlength=job.num_live))])
     keys, values, last, count = keys[order], values[order], last[order], count[order]
@@ -308,7 +330,8 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
       partitioner: ``partitioner(keys, num_live_shards) -> shard index per key`` routing keys to
         live shards (default ``np.mod(keys, n)``); must be deterministic. A mapping name ->
         partitioner gives each table its own (names left out get the default), so tables
-        sharded differently still load in one call, verified together.
+        sharded differently still load in one call, verified together. A ``Subset``
+        partitioner may return -1 for rows this process does not hold (skipped).
       num_shards: live shards for each table created fresh: None gives a single Table, an int a
         list of that many Tables.
 
@@ -398,9 +421,10 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
                 if job.clock > t.clock:
                     t.clock = job.clock
             total = sum(int(t.size()) for t in job.live)
-            if total != job.entry["rows"]:
+            expected = int(job.counts.sum())  # all saved rows, or a Subset's share of them
+            if total != expected:
                 warnings.warn(f"table {job.name!r}: restored {total} rows of "
-                              f"{job.entry['rows']} saved (duplicate keys across saved shards?)",
+                              f"{expected} saved (duplicate keys across saved shards?)",
                               RuntimeWarning, stacklevel=2)
     except BaseException:
         for t in created:

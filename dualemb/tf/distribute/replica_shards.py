@@ -14,18 +14,66 @@ the all-to-all) for replica 0: a deadlock.
 
 from __future__ import annotations
 
+import weakref
+
+import numpy as np
 import tensorflow as tf
 
 from dualemb.core.routing import shard_of
 
 
-def mark(variable, num_replicas: int) -> None:
+def local_replica_ids(strategy) -> list:
+    """The sync-group ids of the replicas this process runs, in local order (the order of
+    ``extended.worker_devices``, hence of a Variable's shards)."""
+    values = strategy.experimental_distribute_values_from_function(
+        lambda ctx: tf.constant(ctx.replica_id_in_sync_group, tf.int64))
+    return [int(v) for v in strategy.experimental_local_results(values)]
+
+
+def mark(variable, num_replicas: int, strategy=None) -> None:
     """Makes ``variable`` (and its restrict policy's status) owned by ``num_replicas``
-    replicas."""
+    replicas of ``strategy``: its local shard ``i`` holds the keys of local replica ``i``."""
     variable._owning_replicas = int(num_replicas)
+    if strategy is not None:
+        variable._owning_strategy = weakref.ref(strategy)
+        variable._local_replicas = local_replica_ids(strategy)
+        if len(variable._local_replicas) != len(variable.tables):
+            raise ValueError(f"Variable {variable.name!r} has {len(variable.tables)} shards but "
+                             f"this process runs {len(variable._local_replicas)} replicas")
     policy = variable.restrict_policy
     if policy is not None:
-        mark(policy.status_variable, num_replicas)
+        mark(policy.status_variable, num_replicas, strategy)
+
+
+def owning_replicas(variable) -> int | None:
+    """How many replicas own ``variable``'s keys (None: not an all-to-all Variable)."""
+    return getattr(variable, "_owning_replicas", None)
+
+
+def held_elsewhere(variable) -> bool:
+    """Whether some of ``variable``'s replica shards live in other processes (a
+    MultiWorkerMirroredStrategy job with more than one worker): this process alone cannot save
+    the whole table, and it must keep only its own replicas' keys when it restores one."""
+    n = owning_replicas(variable)
+    return n is not None and len(variable.tables) < n
+
+
+def strategy_of(variable):
+    """The strategy whose replicas own ``variable`` (None if gone or not recorded)."""
+    ref = getattr(variable, "_owning_strategy", None)
+    return None if ref is None else ref()
+
+
+def local_shard_of_keys(variable, keys: np.ndarray) -> np.ndarray:
+    """For numpy ``keys``: the local shard holding each key in this process, -1 for keys that
+    replicas of other processes own (``shard_of(key, N)`` names the owning replica)."""
+    n = owning_replicas(variable)
+    local = getattr(variable, "_local_replicas", None)
+    if local is None:
+        local = list(range(len(variable.tables)))
+    to_local = np.full(n, -1, np.intp)
+    to_local[np.asarray(local, np.intp)] = np.arange(len(local))
+    return to_local[shard_of(np.asarray(keys), n).astype(np.intp)]
 
 
 def replica_position():

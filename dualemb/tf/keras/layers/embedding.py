@@ -153,7 +153,7 @@ class Embedding(keras.layers.Layer):
             init_size=self.init_capacity, kv_creator=kv_creator, restrict_policy=restrict_policy,
             bp_v2=bp_v2, short_file_name=short_file_name)
         if exchange is not None:
-            replica_shards.mark(self.params, exchange.size)
+            replica_shards.mark(self.params, exchange.size, exchange.strategy)
         self._shadow_name = f"{name}-shadow"
 
     def build(self, input_shape=None):
