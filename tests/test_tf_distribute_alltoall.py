@@ -171,3 +171,28 @@ def test_bytes_per_lookup():
     # 2 * (2*10*16).
     assert bytes_per_lookup(10, 2, 4) == 12 + 160 + 640
     assert bytes_per_lookup(10, 2, 4, training=False) == 12 + 160 + 320
+
+
+# ---- Keras 3 model.fit ---------------------------------------------------------------------------
+FIT_JOB = os.path.join(os.path.dirname(__file__), "tf_distribute", "fit_job.py")
+
+
+def run_fit(out, mode):
+    proc = subprocess.run([sys.executable, FIT_JOB, "--mode", mode, "--out", str(out)], env=ENV,
+                          capture_output=True, text=True, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    state = dict(np.load(out))
+    state["first_replica"] = np.array(0)
+    return state
+
+
+@pytest.mark.timeout(400)
+def test_fit_mirrored_two_cpus_equals_single_process_fit(tmp_path):
+    """model.fit with the all-to-all embedding under MirroredStrategy (2 logical CPUs) equals
+    model.fit in one process on the same batches (tolerance as above)."""
+    reference = run_fit(tmp_path / "single.npz", "single")
+    mirrored = run_fit(tmp_path / "mirrored.npz", "mirrored")
+    assert int(mirrored["num_local_shards"]) == 2
+    by_replica = shards(mirrored)
+    assert_owned_by_replica(by_replica, 2)
+    assert_equals_reference(by_replica, [mirrored], reference)
