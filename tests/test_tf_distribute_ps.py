@@ -192,6 +192,43 @@ def test_worker_killed_mid_training_loses_no_row(tmp_path):
     print(f"steps applied twice (summed over shards): {extra_total}")
 
 
+@pytest.mark.timeout(400)
+def test_ps_killed_fails_clearly_and_restarts_from_checkpoint(tmp_path):
+    """A PS dies mid-training: TF does not retry (the rows it held are gone), so the chief's
+    schedule/join raises UnavailableError within a bounded time instead of hanging. The PS is
+    restarted on its port (empty) and a new chief restores the checkpoint saved before the kill
+    (tf.train.Checkpoint, then the common format): the tables hold exactly that checkpoint's
+    keys, rows and Adam slots, with nothing left from the steps trained after it (the surviving
+    PS still held those in the dead chief's tables)."""
+    save = tmp_path / "save"
+    with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
+        chief, marker = run_chief_until_marker(
+            tmp_path, cluster, "--model", "dense", "--optimizer", "adam", "--steps", "24",
+            "--save-dir", str(save), "--save-after", "8", "--kill-worker-after", "12")
+        try:
+            cluster.kill("ps", 1)
+            marker.unlink()
+            _, err = chief.communicate(timeout=IDLE_TIMEOUT)
+        finally:
+            end(chief)
+        assert chief.returncode == 3, err[-4000:]
+        failed = dict(np.load(tmp_path / "ps.npz"))
+        assert str(failed["error_type"]) == "UnavailableError", str(failed["error"])
+        ps1 = cluster.spec["ps"][1]
+        assert ps1 in str(failed["error"]) or "/job:ps" in str(failed["error"]), failed["error"]
+
+        saved = dict(np.load(save / "saved.npz"))
+        assert batch_keys(8) == set(rows_by_key(saved))
+        cluster.restart("ps", 1)
+        for kind in ("tf", "common"):
+            got = run_job(tmp_path / f"restored_{kind}.npz", "--steps", "0",
+                          "--restore-dir", str(save), "--restore-kind", kind, cluster=cluster)
+            assert_keys_routed(got)
+            assert_same_rows(got, saved, batch_keys(8))
+            np.testing.assert_array_equal(got["dense0"], saved["dense0"])
+            np.testing.assert_array_equal(got["dense1"], saved["dense1"])
+
+
 def step_coefficients(steps):
     """Per step, key -> the linear model's gradient of that key's row (sum of its examples'
     labels, one occurrence per id)."""
@@ -233,9 +270,9 @@ def ps_checkpoint(tmp_path_factory, one_ps_cluster):
     return d / "save", state, restored
 
 
-def assert_same_rows(got_state, want_state):
+def assert_same_rows(got_state, want_state, keys=None):
     got, want = rows_by_key(got_state), rows_by_key(want_state)
-    assert set(got) == set(want) == batch_keys(12)
+    assert set(got) == set(want) == (batch_keys(12) if keys is None else keys)
     for k, (v, s, _) in want.items():
         np.testing.assert_array_equal(got[k][0], v, err_msg=f"row {k}")
         np.testing.assert_array_equal(got[k][1], s, err_msg=f"Adam slots of {k}")
