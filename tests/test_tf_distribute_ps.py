@@ -321,18 +321,20 @@ def test_ps_checkpoint_restores_into_jax(ps_checkpoint):
     path = save_dir / "common"
     names = [t["name"] for t in core_ckpt.read_manifest(path)["tables"]]
     assert len(names) == 1
-    table = dej.load(path, names[0])
-    try:
-        assert int(table.step) == 12
-        page = table.core().export()
-        got = {int(k): (v, s) for k, v, s in zip(page["keys"], page["values"], page["slots"])}
-        want = rows_by_key(state)
-        assert set(got) == set(want)
-        for k, (v, s, _) in want.items():
-            np.testing.assert_array_equal(got[k][0], v, err_msg=f"row {k}")
-            np.testing.assert_array_equal(got[k][1], s, err_msg=f"Adam slots of {k}")
-    finally:
-        dej.destroy(table)
+    want = rows_by_key(state)
+    # dej.load (one table) and dej.load_tables (all of a checkpoint's tables, verified first)
+    for table in (dej.load(path, names[0]), dej.load_tables(path)[names[0]]):
+        try:
+            assert int(table.step) == 12
+            page = table.core().export()
+            got = {int(k): (v, s) for k, v, s in zip(page["keys"], page["values"],
+                                                      page["slots"])}
+            assert set(got) == set(want)
+            for k, (v, s, _) in want.items():
+                np.testing.assert_array_equal(got[k][0], v, err_msg=f"row {k}")
+                np.testing.assert_array_equal(got[k][1], s, err_msg=f"Adam slots of {k}")
+        finally:
+            dej.destroy(table)
 
 
 @pytest.mark.timeout(300)

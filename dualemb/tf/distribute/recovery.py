@@ -20,10 +20,22 @@ import time
 
 
 def _recovery_event(coordinator):
-    """The event TF's failure handler sets while a cluster update (worker recovery) is due, or
-    None if this TF version has no such handler."""
-    handler = getattr(getattr(coordinator, "_cluster", None), "failure_handler", None)
-    return getattr(handler, "_cluster_due_for_update_or_finish", None)
+    """The event TF's failure handler sets while a cluster update (worker recovery) is due."""
+    cluster = getattr(coordinator, "_cluster", None)
+    if cluster is None:
+        raise TypeError(f"expected a tf.distribute.coordinator.ClusterCoordinator, got "
+                        f"{type(coordinator).__name__}")
+    handler = getattr(cluster, "failure_handler", None)
+    if handler is None:  # fault tolerance off (no failure handler): nothing is ever recovered
+        return None
+    event = getattr(handler, "_cluster_due_for_update_or_finish", None)
+    if event is None:
+        # A TF whose coordinator keeps its recovery state elsewhere: refuse rather than report
+        # "nothing pending" and let the chief hang at exit.
+        raise RuntimeError(
+            f"this TensorFlow ({type(handler).__name__}) does not expose the recovery flag "
+            "dualemb.tf.distribute.wait_for_recovery reads; it needs updating for this version")
+    return event
 
 
 def recovery_pending(coordinator) -> bool:
