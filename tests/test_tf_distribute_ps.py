@@ -165,31 +165,8 @@ def test_worker_killed_mid_training_loses_no_row(tmp_path):
     assert_keys_routed(state)
     got, want = rows_by_key(state), rows_by_key(single)
     assert set(got) == set(want) == batch_keys(steps)  # no row lost
-    counts = {int(k): int(c) for i in range(int(state["num_shards"]))
-              for k, c in zip(state[f"shard{i}_keys"], state[f"shard{i}_update_count"])}
-    single_counts = {int(k): int(c) for i in range(int(single["num_shards"]))
-                     for k, c in zip(single[f"shard{i}_keys"], single[f"shard{i}_update_count"])}
-    coeff = step_coefficients(steps)
-    extra_total = 0
-    for shard in range(int(state["num_shards"])):
-        keys = [k for k in got if got[k][2] == shard]
-        # update_count: one per apply that contained the key (the single run: its step count).
-        a = np.array([[float(k in coeff[s]) for s in range(steps)] for k in keys])
-        np.testing.assert_array_equal(a.sum(1), [single_counts[k] for k in keys])
-        assert np.linalg.matrix_rank(a) == steps
-        extra, *_ = np.linalg.lstsq(a, np.array([counts[k] - single_counts[k] for k in keys],
-                                                float), rcond=None)
-        extra = np.round(extra).astype(int)
-        np.testing.assert_array_equal(a @ extra, [counts[k] - single_counts[k] for k in keys])
-        assert set(extra) <= {0, 1}, f"shard {shard}: extra applications per step {extra}"
-        extra_total += int(extra.sum())
-        # The rows moved by exactly those applications: (want - got) / lr = sum_s e_s c_sk, the
-        # same in every column (the linear model's row gradient is the sum of its labels).
-        c = np.array([[coeff[s].get(k, 0.0) for s in range(steps)] for k in keys])
-        for k, moved in zip(keys, c @ extra):
-            np.testing.assert_allclose((want[k][0] - got[k][0]) / 0.1, np.full(4, moved),
-                                       atol=2e-4, err_msg=f"row {k}")
-    print(f"steps applied twice (summed over shards): {extra_total}")
+    extra = extra_applications(state, single, steps)
+    print(f"steps applied twice, per shard: {[list(np.flatnonzero(e) + 1) for e in extra]}")
 
 
 @pytest.mark.timeout(400)
@@ -227,6 +204,87 @@ def test_ps_killed_fails_clearly_and_restarts_from_checkpoint(tmp_path):
             assert_same_rows(got, saved, batch_keys(8))
             np.testing.assert_array_equal(got["dense0"], saved["dense0"])
             np.testing.assert_array_equal(got["dense1"], saved["dense1"])
+
+
+def extra_applications(state, single, steps, max_extra=1):
+    """Per shard, how many extra times each step was applied there (an int array [steps]),
+    solved exactly from the exported update counts, after checking that every count and every
+    row agrees with those multiplicities (each in 1 .. 1 + max_extra: no step lost, and at most
+    one extra application per failed attempt)."""
+    got, want = rows_by_key(state), rows_by_key(single)
+    assert set(got) == set(want) == batch_keys(steps)  # no row lost
+    counts = {int(k): int(c) for i in range(int(state["num_shards"]))
+              for k, c in zip(state[f"shard{i}_keys"], state[f"shard{i}_update_count"])}
+    single_counts = {int(k): int(c) for i in range(int(single["num_shards"]))
+                     for k, c in zip(single[f"shard{i}_keys"], single[f"shard{i}_update_count"])}
+    coeff = step_coefficients(steps)
+    out = []
+    for shard in range(int(state["num_shards"])):
+        keys = [k for k in got if got[k][2] == shard]
+        # update_count: one per apply that contained the key (the single run: its step count).
+        a = np.array([[float(k in coeff[s]) for s in range(steps)] for k in keys])
+        np.testing.assert_array_equal(a.sum(1), [single_counts[k] for k in keys])
+        assert np.linalg.matrix_rank(a) == steps
+        y = np.array([counts[k] - single_counts[k] for k in keys], float)
+        extra = np.round(np.linalg.lstsq(a, y, rcond=None)[0]).astype(int)
+        np.testing.assert_array_equal(a @ extra, y)
+        assert set(extra) <= set(range(max_extra + 1)), \
+            f"shard {shard}: extra applications per step {extra}"
+        # The rows moved by exactly those applications: (want - got) / lr = sum_s e_s c_sk, the
+        # same in every column (the linear model's row gradient is the sum of its labels).
+        c = np.array([[coeff[s].get(k, 0.0) for s in range(steps)] for k in keys])
+        for k, moved in zip(keys, c @ extra):
+            np.testing.assert_allclose((want[k][0] - got[k][0]) / 0.1, np.full(4, moved),
+                                       atol=2e-4, err_msg=f"row {k}")
+        out.append(extra)
+    return out
+
+
+@pytest.mark.timeout(400)
+def test_step_applied_again_when_its_worker_dies_after_the_update(tmp_path):
+    """Forces TF's at-least-once case: step 7's closure applies its updates on both PS tasks,
+    then (ps_job --pause-step) writes a marker and busy-waits on its worker; the test kills both
+    workers then (it cannot tell which one runs step 7) and restarts them on their ports. The
+    coordinator re-runs step 7: it is applied again on every shard, no step is lost, and
+    update_count and rows agree exactly with the multiplicities found. Two workers fail, so a
+    step may be attempted up to 3 times, each failed attempt possibly applied: step 7 was seen
+    applied 3 times (TF recovered the two workers in two rounds, and the retry, paused after its
+    updates, failed once more) as well as twice."""
+    steps = 12
+    single = run_job(tmp_path / "single.npz", "--model", "linear", "--optimizer", "sgd",
+                     "--steps", str(steps))
+    updated = tmp_path / "step7_updated"
+    with LocalCluster(num_workers=2, num_ps=2, env=ENV) as cluster:
+        chief = subprocess.Popen(
+            [sys.executable, JOB, "--out", str(tmp_path / "ps.npz"), "--model", "linear",
+             "--optimizer", "sgd", "--steps", str(steps), "--pause-step", "7",
+             "--pause-marker", str(updated), "--pause-seconds", "20",
+             "--cluster", json.dumps(cluster.spec)],
+            env=ENV, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + IDLE_TIMEOUT
+            while not updated.exists():
+                if chief.poll() is not None:
+                    raise AssertionError(chief.stderr.read()[-4000:])
+                assert time.monotonic() < deadline, "step 7 never reached its pause"
+                time.sleep(0.05)
+            cluster.kill("worker", 0)
+            cluster.kill("worker", 1)
+            updated.unlink()
+            cluster.restart("worker", 0)
+            cluster.restart("worker", 1)
+            _, err = chief.communicate(timeout=IDLE_TIMEOUT)
+            assert chief.returncode == 0, err[-4000:]
+        finally:
+            end(chief)
+        state = dict(np.load(tmp_path / "ps.npz"))
+    assert "failed with UnavailableError" in err
+    assert updated.exists()  # the retried step 7 ran its pause again, on a restarted worker
+    assert_keys_routed(state)
+    extra = extra_applications(state, single, steps, max_extra=2)
+    print(f"extra applications per shard and step: {[e.tolist() for e in extra]}")
+    for shard, e in enumerate(extra):
+        assert e[6] >= 1, f"shard {shard}: step 7 applied once, expected again after the kill"
 
 
 def step_coefficients(steps):

@@ -76,6 +76,10 @@ class Job:
             self.optimizer.build(self.model.trainable_variables)
         self.strategy = strategy
         self.omit_step = False  # --omit-step: call apply() without step= (must raise under PS)
+        # --pause-step K --pause-marker F: the step K closure, after its updates, writes F on its
+        # worker and busy-waits --pause-seconds, so a test can kill the worker after the update
+        # reached the PS tasks (its retry then applies step K a second time).
+        self.pause_step, self.pause_marker, self.pause_seconds = 0, "", 0.0
 
     def replica_step(self, ids, labels, step):
         with tf.GradientTape() as tape:
@@ -87,7 +91,18 @@ class Job:
         variables = self.model.trainable_variables
         grads = tape.gradient(loss, variables)
         self.optimizer.apply(grads, variables, step=None if self.omit_step else step)
+        if self.pause_step:
+            # Stateful ops run in program order inside a tf.function: after the updates.
+            paused = tf.cond(tf.equal(step, self.pause_step), self._pause,
+                             lambda: tf.constant(0.0, tf.float64))
+            with tf.control_dependencies([paused]):
+                loss = tf.identity(loss)
         return loss
+
+    def _pause(self):
+        tf.io.write_file(self.pause_marker, "updated")
+        end = tf.timestamp() + self.pause_seconds
+        return tf.while_loop(lambda t: t < end, lambda t: [tf.timestamp()], [tf.timestamp()])[0]
 
     def save(self, save_dir: str, step: int) -> None:
         tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).write(
@@ -137,6 +152,8 @@ def run_cluster(args):
         job.restore(args.restore_dir, args.restore_kind)
 
     job.omit_step = args.omit_step
+    job.pause_step, job.pause_marker = args.pause_step, args.pause_marker
+    job.pause_seconds = args.pause_seconds
 
     @tf.function
     def train_step(ids, labels, step):
@@ -207,6 +224,9 @@ def main():
     p.add_argument("--restore-dir", default="", help="restore a --save-dir before training")
     p.add_argument("--restore-kind", default="tf", choices=["tf", "common"])
     p.add_argument("--kill-worker-after", type=int, default=-1)
+    p.add_argument("--pause-step", type=int, default=0)
+    p.add_argument("--pause-marker", default="")
+    p.add_argument("--pause-seconds", type=float, default=20.0)
     p.add_argument("--marker", default="", help="file written mid-training; waits until removed")
     args = p.parse_args()
     state = run_cluster(args) if args.cluster else run_single(args)
