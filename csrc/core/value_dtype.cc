@@ -67,9 +67,12 @@ void store_integer(const ConstantValue& v, unsigned char* out, const char* dtype
     x = v.i;
   } else {
     // 2^63 itself is not an int64; every double below it in magnitude that is integral is.
-    if (!(std::floor(v.d) == v.d) || !(std::fabs(v.d) < 9223372036854775808.0))
+    if (!(std::floor(v.d) == v.d))
       throw std::invalid_argument("initializer value " + format_double(v.d) +
                                   " is not exactly representable as " + dtype_name);
+    if (!(std::fabs(v.d) < 9223372036854775808.0))
+      throw std::invalid_argument("initializer value " + format_double(v.d) +
+                                  " is out of the range of " + dtype_name);
     // A JSON number that is not an integer literal came through a double: from 2^53 on it may
     // already have been rounded, so it is refused rather than stored possibly wrong.
     if (sizeof(T) == 8 && std::fabs(v.d) >= 9007199254740992.0)
