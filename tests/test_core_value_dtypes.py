@@ -410,3 +410,17 @@ def test_slots_stored_and_exported_in_the_value_dtype():
         t.import_rows([7], np.ones((1, 3), BF16), slots=np.ones((1, 1, 3), np.int32))
     assert t.size() == 2
     t.destroy()
+
+
+def test_redis_backend_refuses_other_value_dtypes():
+    """The Redis backend stores float32 rows: another value dtype is refused at creation, before
+    any connection (the address is never dialled)."""
+    redis = {"redis": {"name": "dtype_test", "addresses": ["127.0.0.1:1"]}}
+    try:
+        Table(dim=2, value_dtype="float32", backend=redis).destroy()
+    except ValueError as e:
+        if "built without the Redis backend" in str(e):
+            pytest.skip("this build has no Redis backend (hiredis not found at build time)")
+    with pytest.raises(ValueError, match="value_dtype 'int32' is not supported by the redis "
+                                         "backend"):
+        Table(dim=2, value_dtype="int32", backend=redis)
