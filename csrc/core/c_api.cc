@@ -143,6 +143,13 @@ int de_table_dims(int64_t id, int64_t* dim, int32_t* key_dtype, int32_t* num_slo
   });
 }
 
+int de_value_dtype(int64_t id, int32_t* value_dtype) {
+  return guarded("value dtype", [&] {
+    require_out(value_dtype, "value_dtype");
+    *value_dtype = dualemb::get_table(id)->value_dtype();
+  });
+}
+
 int de_set_optimizer(int64_t id, const char* spec) {
   return guarded("set optimizer", [&] { dualemb::get_table(id)->set_optimizer(spec ? spec : ""); });
 }
@@ -162,7 +169,7 @@ int de_set_num_threads(int64_t id, int32_t n) {
   });
 }
 
-int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, float* values,
+int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, void* values,
             uint8_t* exists) {
   return guarded("find", [&] {
     auto t = dualemb::get_table(id);
@@ -173,7 +180,7 @@ int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, float* v
   });
 }
 
-int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n, float* values,
+int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n, void* values,
                       uint8_t* exists, int64_t* evicted) {
   return guarded("find_or_insert", [&] {
     auto t = dualemb::get_table(id);
@@ -185,7 +192,7 @@ int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n
 }
 
 int de_insert_or_assign(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
-                        const float* values, int64_t* evicted) {
+                        const void* values, int64_t* evicted) {
   return guarded("insert_or_assign", [&] {
     auto t = dualemb::get_table(id);
     Keys k;
@@ -195,7 +202,7 @@ int de_insert_or_assign(int64_t id, int32_t key_dtype, const void* keys, int64_t
   });
 }
 
-int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const float* deltas,
+int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const void* deltas,
              const uint8_t* exists, int64_t* evicted) {
   return guarded("accum", [&] {
     auto t = dualemb::get_table(id);
@@ -263,7 +270,7 @@ int de_restrict(int64_t id, int64_t num_reserved, int32_t policy, int32_t key_dt
 }
 
 int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void* keys,
-              float* values, float* slots, int32_t num_slots, int64_t* last_update,
+              void* values, void* slots, int32_t num_slots, int64_t* last_update,
               int64_t* update_count, int64_t* out_n) {
   return guarded("export", [&] {
     auto t = dualemb::get_table(id);
@@ -292,8 +299,8 @@ int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void
   });
 }
 
-int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const float* values,
-              const float* slots, int32_t num_slots, const int64_t* last_update,
+int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const void* values,
+              const void* slots, int32_t num_slots, const int64_t* last_update,
               const int64_t* update_count, int64_t* evicted) {
   return guarded("import", [&] {
     auto t = dualemb::get_table(id);
@@ -327,7 +334,7 @@ int de_memory_bytes(int64_t id, int64_t* out) {
 }
 
 int de_initial_values(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
-                      float* values) {
+                      void* values) {
   return guarded("initial values", [&] {
     auto t = dualemb::get_table(id);
     Keys k;

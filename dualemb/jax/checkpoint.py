@@ -175,6 +175,10 @@ def _plan(path, manifest: dict, name: str, into, optimizer, learning_rate) -> di
     if optimizer is None and into is not None:
         optimizer = into.optimizer
     entry = entries[name]
+    if entry.get("value_dtype", "float32") != "float32":
+        raise _ckpt.CheckpointError(
+            f"table {name!r} stores {entry['value_dtype']} values; dualemb.jax tables hold "
+            "float32 rows (load it with dualemb.core.checkpoint.load instead)")
     metadata = manifest.get("metadata") or {}
     info = dict(metadata.get(META_KEY, {}).get(name, {}))
     info["neutral_learning_rate"] = metadata.get("learning_rates", {}).get(name)

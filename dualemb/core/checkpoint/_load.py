@@ -18,6 +18,7 @@ from dualemb.core.routing import shard_of
 from dualemb.core.checkpoint._safetensors import Reader, crc32_combine
 from dualemb.core.checkpoint._save import PAGE_BYTES, _shards_of, _workers
 from dualemb.core.table import Table
+from dualemb.core.value_dtypes import NUMPY as VALUE_NUMPY
 
 _VERIFY_BUFFER = 4 << 20  # per thread; a multiple of 8, so verification chunks hold whole keys
 _SEGMENT_BYTES = 32 << 20  # tensors are checksummed in segments of this size, in parallel
@@ -147,7 +148,8 @@ def _validate_optimizer(job: _Job, table_cls) -> None:
     """Attaching the saved optimizer must work before any live table is touched."""
     e = job.entry
     try:
-        scratch = table_cls(dim=e["dim"], key_dtype=e["key_dtype"], optimizer=e["optimizer"])
+        scratch = table_cls(dim=e["dim"], key_dtype=e["key_dtype"],
+                            value_dtype=e["value_dtype"], optimizer=e["optimizer"])
     except Exception as exc:
         raise CheckpointError(f"table {job.name!r}: cannot attach the saved optimizer "
                               f"{e['optimizer']!r}: {exc}") from exc
@@ -235,15 +237,16 @@ def _check_distinct_live(jobs: list) -> None:
 def _read_page(r: Reader, e: dict, row0: int, m: int) -> dict:
     dim = e["dim"]
     ns = len(e["slot_names"])
+    vd = VALUE_NUMPY[e["value_dtype"]]
     page = {"keys": np.empty(m, np.dtype(e["key_dtype"])),
-            "values": np.empty((m, dim), np.float32),
+            "values": np.empty((m, dim), vd),
             "last_update": np.empty(m, np.int64), "update_count": np.empty(m, np.int64),
             "slots": None}
     for name in ("keys", "values", "last_update", "update_count"):
         r.read(name, row0, page[name])
     if ns:
-        slots = np.empty((m, ns, dim), np.float32)
-        col = np.empty((m, dim), np.float32)
+        slots = np.empty((m, ns, dim), vd)
+        col = np.empty((m, dim), vd)
         for k, sname in enumerate(e["slot_names"]):
             r.read(SLOT_PREFIX + sname, row0, col)
             slots[:, k, :] = col
@@ -256,7 +259,8 @@ def _import(job: _Job, partitioner, pool: ThreadPoolExecutor) -> None:
     current one is imported) and imports each row into the live shard the partitioner names."""
     e = job.entry
     key_np = np.dtype(e["key_dtype"])
-    row_bytes = 4 * e["dim"] * (1 + len(e["slot_names"])) + 16 + key_np.itemsize
+    row_bytes = (VALUE_NUMPY[e["value_dtype"]].itemsize * e["dim"] * (1 + len(e["slot_names"]))
+                 + 16 + key_np.itemsize)
     rows_per_page = max(1, PAGE_BYTES // row_bytes)
     work = [(r, row0, min(rows_per_page, s["rows"] - row0))
             for r, s in zip(job.readers, e["shards"]) for row0 in range(0, s["rows"], rows_per_page)]
