@@ -82,12 +82,39 @@ def is_trainable_wrapper(variable) -> bool:
     return isinstance(variable, TrainableWrapper)
 
 
+def mark_keras2_anchor(variable, params, name: str):
+    """Makes ``variable`` — a trainable ``tf.Variable`` of shape ``(0, dim)``, the weight a
+    tf_keras layer creates with ``add_weight`` (tf_keras tracks only ``tf.Variable`` weights, not
+    Keras 3 ones) — the gradient anchor of ``params`` under ``name``: lookups under ``name``
+    attach their gradient to it and the tf_keras / ``tf.compat.v1`` optimizer wrapper
+    (``legacy_optimizer.py``) routes it to the table."""
+    if not isinstance(variable, tf.Variable) or tuple(variable.shape) != (0, params.dim):
+        raise TypeError(f"a tf_keras anchor must be a tf.Variable of shape (0, {params.dim}), "
+                        f"got {variable!r}")
+    variable._de_params = params
+    variable._de_name = name
+    params._trainable_store[name] = variable
+    return variable
+
+
+def is_anchor(variable) -> bool:
+    """Whether ``variable`` is a gradient anchor: a Keras 3 ``TrainableWrapper`` or a tf_keras
+    layer's ``tf.Variable`` anchor (``mark_keras2_anchor``)."""
+    return isinstance(variable, TrainableWrapper) or (
+        isinstance(variable, tf.Variable) and getattr(variable, "_de_params", None) is not None)
+
+
+def anchor_params(variable):
+    """The dynamic embedding ``Variable`` an anchor trains (see ``is_anchor``)."""
+    return variable.params if isinstance(variable, TrainableWrapper) else variable._de_params
+
+
 def trainable_wrapper_filter(iterable, test_unaggregated_function=None):
     """(dense, dynamic-embedding) split of variables or (gradient, variable) pairs, as TFRA's."""
     dense, sparse = [], []
     for item in iterable:
         var = item[1] if isinstance(item, (tuple, list)) and len(item) == 2 else item
-        (sparse if is_trainable_wrapper(var) else dense).append(item)
+        (sparse if is_anchor(var) else dense).append(item)
     return tuple(dense), tuple(sparse)
 
 
@@ -110,7 +137,10 @@ except KeyError:  # already registered (module reloaded)
 
 def attach_gradient(wrapper: TrainableWrapper, rows, keys):
     """``rows`` [n, dim] looked up for the flat ``keys`` [n], connected to ``wrapper``."""
-    anchor = tf.convert_to_tensor(wrapper.value)  # a read of the anchor: the tape watches it
+    # A read of the anchor: the tape watches it. (A tf_keras anchor is a tf.Variable, whose
+    # ``value`` is a method.)
+    value = wrapper.value if isinstance(wrapper, TrainableWrapper) else wrapper
+    anchor = tf.convert_to_tensor(value)
     if anchor.dtype != tf.float32:
         # Under a float16/bfloat16 policy Keras reads variables autocast. The gradient's values
         # come from the layer's compute-dtype output, so the round trip through it is exact.
