@@ -57,3 +57,7 @@ def fused_step(group: Group, learning_rate, step) -> None:
     params._write_flat(step_fn, group.keys, group.values)
     if params.restrict_policy is not None:
         params.restrict_policy.apply_update(group.keys)
+    for wrapper in {id(w): w for w in group.wrappers}.values():
+        refresh = getattr(wrapper, "_after_update", None)  # a ShadowVariable's kept rows
+        if refresh is not None:
+            refresh()

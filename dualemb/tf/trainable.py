@@ -129,7 +129,11 @@ try:
         if isinstance(dy, tf.IndexedSlices):
             values, indices = dy.values, tf.gather(keys, dy.indices)
         else:
-            values, indices = dy, keys
+            # An op in the gradient's graph (not the forward tensor itself): when the lookup ran
+            # in a tf.function and the tape is outside, the backward function must capture the
+            # keys, and returning the forward tensor as is fails to ("Node ... belong to a
+            # different graph?").
+            values, indices = dy, tf.identity(keys)
         return tf.IndexedSlices(tf.cast(values, tf.float32), indices), None, None
 except KeyError:  # already registered (module reloaded)
     pass
