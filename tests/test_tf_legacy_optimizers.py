@@ -87,7 +87,21 @@ OPTIMIZERS = {
     "k2_legacy_adam": lambda: tf_keras.optimizers.legacy.Adam(0.1),
     "k2_legacy_adam_amsgrad_decay": lambda: tf_keras.optimizers.legacy.Adam(
         0.1, amsgrad=True, decay=0.5),
+    "k2_legacy_adamax": lambda: tf_keras.optimizers.legacy.Adamax(0.1),
+    "k2_legacy_adadelta": lambda: tf_keras.optimizers.legacy.Adadelta(1.0),
+    "k2_legacy_ftrl": lambda: tf_keras.optimizers.legacy.Ftrl(
+        0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.1, beta=0.5),
+    "k2_legacy_rmsprop_momentum_centered": lambda: tf_keras.optimizers.legacy.RMSprop(
+        0.05, momentum=0.5, centered=True),
+    # TF's own old Keras copy, which TFRA's tests use.
+    "tf_python_keras_adam": lambda: _tf_python_keras().adam.Adam(0.1),
 }
+
+
+def _tf_python_keras():
+    from tensorflow.python.keras import optimizer_v2  # noqa: PLC0415
+
+    return optimizer_v2
 
 
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
@@ -147,7 +161,8 @@ def test_wrapping_returns_the_same_optimizer_and_keeps_its_name_and_config():
     (lambda: V1.MomentumOptimizer(0.1, 0.9), "MomentumOptimizer"),
     (lambda: V1.RMSPropOptimizer(0.1), "RMSPropOptimizer"),
     (lambda: tf_keras.optimizers.legacy.Adagrad(0.1), "legacy tf_keras Adagrad"),
-    (lambda: tf_keras.optimizers.legacy.RMSprop(0.1), "legacy tf_keras RMSprop"),
+    (lambda: tf_keras.optimizers.legacy.RMSprop(0.1), "RMSprop without momentum"),
+    (lambda: tf_keras.optimizers.legacy.Nadam(0.1), "legacy tf_keras Nadam"),
 ])
 def test_optimizers_without_an_exact_fused_equivalent_are_refused(make, match):
     optimizer = make()

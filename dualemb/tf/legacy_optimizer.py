@@ -22,9 +22,10 @@ option raises ``TypeError`` / ``NotImplementedError`` when wrapped, naming what 
   Nadam, RMSprop (momentum, centered), Adadelta, Ftrl, Lion — Keras 3 ported them, same math.
   ``weight_decay`` is applied as tf_keras does (``w -= w * weight_decay * lr`` before the step);
   ``clipnorm`` / ``clipvalue`` / ``global_clipnorm`` are refused.
-- tf_keras ``optimizers.legacy``: SGD (momentum, nesterov) and Adam (amsgrad); ``decay`` and
-  learning-rate schedules are followed. (Legacy Adagrad, RMSprop, Adamax, Nadam, Ftrl and
-  Adadelta use other formulas, e.g. epsilon outside the square root.)
+- tf_keras ``optimizers.legacy`` (and TF's own old ``tensorflow.python.keras`` copies): SGD
+  (momentum, nesterov), Adam (amsgrad), Adamax, Adadelta, Ftrl, RMSprop with momentum; ``decay``
+  and learning-rate schedules are followed. (Legacy Adagrad, Nadam and RMSprop without momentum
+  use other formulas: epsilon outside the square root, Nadam's momentum schedule.)
 - ``tf.compat.v1.train``: GradientDescentOptimizer, AdamOptimizer and AdagradOptimizer (Keras'
   Adagrad with epsilon 0); learning rates may be callables. TF1 optimizers have no step counter:
   the wrapper keeps one (``dualemb_step``), advanced by every ``apply_gradients``, which is the
@@ -62,10 +63,16 @@ _KERAS_HYPER = {
                       "l2_shrinkage_regularization_strength", "beta")),
     "Lion": ("lion", ("beta_1", "beta_2")),
 }
-_LEGACY_HYPER = {"Adam": _KERAS_HYPER["Adam"], "SGD": _KERAS_HYPER["SGD"]}
+# Legacy (OptimizerV2) optimizers whose TF kernels compute Keras 3's formulas. RMSprop only with
+# momentum: without, it puts epsilon outside the square root.
+_LEGACY_HYPER = {k: _KERAS_HYPER[k] for k in ("Adam", "SGD", "Adamax", "Adadelta", "Ftrl",
+                                               "RMSprop")}
+# Modules of OptimizerV2 classes: tf_keras' legacy optimizers, and TF's own old copy of Keras
+# (tensorflow.python.keras, which TFRA's tests use).
+_LEGACY_MODULES = ("tf_keras.src.optimizers.legacy.", "tensorflow.python.keras.optimizer_v2.")
 
 SUPPORTED = ("tf_keras.optimizers." + "/".join(_KERAS_HYPER) + ", tf_keras.optimizers.legacy."
-             + "/".join(_LEGACY_HYPER) + ", tf.compat.v1.train.GradientDescentOptimizer/"
+             + "/".join(_LEGACY_HYPER) + " (RMSprop with momentum)" + ", tf.compat.v1.train.GradientDescentOptimizer/"
              "AdamOptimizer/AdagradOptimizer")
 
 
@@ -82,13 +89,10 @@ def _number(name, value):
                         "the core's fused optimizer") from e
 
 
-def _tf_keras_module(name):
-    """``tf_keras.optimizers`` (or ``.legacy``) if tf_keras is loaded (an instance of one of its
-    optimizers implies it is), else None."""
-    if "tf_keras" not in sys.modules:
-        return None
-    optimizers = sys.modules["tf_keras"].optimizers
-    return optimizers.legacy if name == "legacy" else optimizers
+def _tf_keras_optimizers():
+    """``tf_keras.optimizers`` if tf_keras is loaded (an instance of one of its optimizers
+    implies it is), else None."""
+    return sys.modules["tf_keras"].optimizers if "tf_keras" in sys.modules else None
 
 
 def _family(table, module, optimizer):
@@ -98,6 +102,21 @@ def _family(table, module, optimizer):
         cls = getattr(module, class_name, None)
         if cls is not None and isinstance(optimizer, cls):
             return class_name, core, hyper
+    return None
+
+
+def _is_optimizer_v2(optimizer) -> bool:
+    return any(cls.__name__ == "OptimizerV2" and cls.__module__.startswith(_LEGACY_MODULES)
+               for cls in type(optimizer).__mro__)
+
+
+def _legacy_family(optimizer):
+    """(class name, core name, hyper-parameter names) of an OptimizerV2 whose class (or a base)
+    is one of ``_LEGACY_HYPER``'s in a legacy module, else None."""
+    for cls in type(optimizer).__mro__:
+        if cls.__name__ in _LEGACY_HYPER and cls.__module__.startswith(_LEGACY_MODULES):
+            core, hyper = _LEGACY_HYPER[cls.__name__]
+            return cls.__name__, core, hyper
     return None
 
 
@@ -184,10 +203,20 @@ class _KerasTwoLegacy(_Api):
 
     def check(self, optimizer):
         _refuse_clipping(optimizer)
+        if self.family[0] == "RMSprop" and not _number("momentum", optimizer.momentum):
+            raise TypeError("DynamicEmbeddingOptimizer cannot wrap a legacy RMSprop without "
+                            "momentum (it adds epsilon outside the square root, unlike the "
+                            f"core's); supported: {SUPPORTED}")
 
     def spec(self, optimizer):
         _, core, hyper = self.family
-        return _keras_spec(optimizer, core, hyper)
+        spec = {"name": core, "flavor": "keras"}
+        for key in hyper:
+            value = getattr(optimizer, key, None)  # a hyper (variable) or a public attribute
+            if value is None:  # kept private (Ftrl's initial_accumulator_value, ...)
+                value = getattr(optimizer, "_" + key)
+            spec[key] = _number(key, value)
+        return spec
 
     def learning_rate(self, optimizer):
         return tf.cast(optimizer._decayed_lr(tf.float32), tf.float32)
@@ -246,15 +275,14 @@ def api_of(optimizer):
         raise TypeError(f"DynamicEmbeddingOptimizer cannot wrap {type(optimizer).__name__}: of "
                         f"the TF1 optimizers it wraps GradientDescentOptimizer, AdamOptimizer and "
                         f"AdagradOptimizer (supported: {SUPPORTED})")
-    legacy = _tf_keras_module("legacy")
-    if legacy is not None and isinstance(optimizer, legacy.Optimizer):
-        family = _family(_LEGACY_HYPER, legacy, optimizer)
+    if _is_optimizer_v2(optimizer):
+        family = _legacy_family(optimizer)
         if family is None:
             raise TypeError(f"DynamicEmbeddingOptimizer cannot wrap the legacy tf_keras "
                             f"{type(optimizer).__name__} (its math differs from the core's); "
                             f"supported: {SUPPORTED}")
         return _KerasTwoLegacy(family)
-    current = _tf_keras_module("optimizers")
+    current = _tf_keras_optimizers()
     if current is not None and isinstance(optimizer, current.Optimizer):
         family = _family(_KERAS_HYPER, current, optimizer)
         if family is None:
