@@ -105,3 +105,21 @@ def test_plain_tf_keras_optimizer_refuses_the_embedding_gradient():
         model.fit(keys[keras2_fit_check.POSITIONS], keras2_fit_check.LABELS, epochs=1,
                   verbose=0)
     assert int(layer.params.size()) == 0
+
+
+@pytest.mark.parametrize("kind, args", [("RandomNormal", (0.1, 0.3, 5)),
+                                        ("TruncatedNormal", (0.0, 0.5, 6)),
+                                        ("RandomUniform", (-0.2, 0.4, 7)),
+                                        ("Constant", (0.25,)), ("Ones", ()), ("Zeros", ())])
+def test_keras_2_initializers_give_the_keras_3_rows(kind, args):
+    """tf_keras' and TF's old tensorflow.python.keras initializers map to the same per-key
+    initializer as Keras 3's."""
+    from tensorflow.python.keras.initializers import initializers_v2  # noqa: PLC0415
+
+    ids = tf.constant([3, 10**12, -4], tf.int64)
+    want = de.Variable(dim=3, name=f"init_{kind}",
+                       initializer=getattr(keras.initializers, kind)(*args)).lookup(ids).numpy()
+    for module in (tf_keras.initializers, initializers_v2):
+        got = de.Variable(dim=3, name=f"init_{kind}",
+                          initializer=getattr(module, kind)(*args)).lookup(ids).numpy()
+        np.testing.assert_array_equal(got, want)

@@ -162,3 +162,28 @@ def test_minimize_in_tf_function_grows_the_table_and_the_restrict_status():
         optimizer.minimize(lambda: compute(ids), var_list=[shadow])
         assert int(params.size()) == size
         assert int(params.restrict_policy.status.size()) == size
+
+
+def test_embedding_lookup_unique_base_dense_and_ragged():
+    """TFRA's test_embedding_lookup_unique_hvd / test_ragged_embedding_lookup_unique_hvd: the
+    helper over a plain gather."""
+    params = tf.Variable([[0.1, 0.1], [1., 1.], [2., 2.], [3., 3.], [0.1, 0.1], [0.1, 0.1]])
+    calls = []
+
+    def gather(ids):
+        calls.append(int(tf.size(ids)))
+        return tf.gather(params, ids)
+
+    dense = de.shadow_ops.embedding_lookup_unique_base(
+        tf.constant([[2, 3], [4, 2], [1, 0]], tf.int64), 2, gather, True)
+    np.testing.assert_allclose(dense, params.numpy()[[[2, 3], [4, 2], [1, 0]]])
+    assert calls == [5]  # 2 read once
+    ragged = tf.RaggedTensor.from_row_splits(tf.constant([2, 3, 4, 5, 1], tf.int64), [0, 2, 5])
+    out = de.shadow_ops.embedding_lookup_unique_base(ragged, 2, gather, False)
+    np.testing.assert_allclose(out.flat_values, params.numpy()[[2, 3, 4, 5, 1]])
+    assert out.row_splits.numpy().tolist() == [0, 2, 5]
+
+
+def test_hvd_variable_says_horovod_is_not_supported():
+    with pytest.raises(NotImplementedError, match="Horovod"):
+        de.shadow_ops.HvdVariable("hvd", None, 1, mpi_size=1)

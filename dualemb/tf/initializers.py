@@ -28,7 +28,6 @@ different rows for the same key. Anything else (variance-scaling initializers su
 from __future__ import annotations
 
 import numbers
-import sys
 
 import keras
 import numpy as np
@@ -115,16 +114,17 @@ _TF_KERAS_KINDS = {"RandomNormal": "normal", "TruncatedNormal": "truncated_norma
                    "Constant": "constant"}
 
 
+# tf_keras' initializers, and TF's own old copy of Keras 2 (tensorflow.python.keras, which TFRA's
+# tests use).
+_KERAS_TWO_MODULES = ("tf_keras.src.initializers.", "tensorflow.python.keras.initializers.")
+
+
 def _tf_keras_kind(initializer):
-    """The kind of a tf_keras (Keras 2) initializer of one of the classes above (what
-    ``tf.keras.initializers`` are under ``TF_USE_LEGACY_KERAS=1``), else None. tf_keras is not
-    imported here: an instance of its classes implies it is loaded."""
-    tf_keras = sys.modules.get("tf_keras")
-    if tf_keras is None:
-        return None
-    for class_name, kind in _TF_KERAS_KINDS.items():
-        if type(initializer) is getattr(tf_keras.initializers, class_name, None):
-            return kind
+    """The kind of a Keras 2 initializer of exactly one of the classes above (what
+    ``tf.keras.initializers`` are under ``TF_USE_LEGACY_KERAS=1``), else None."""
+    cls = type(initializer)
+    if cls.__module__.startswith(_KERAS_TWO_MODULES):
+        return _TF_KERAS_KINDS.get(cls.__name__)
     return None
 
 

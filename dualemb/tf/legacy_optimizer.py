@@ -347,16 +347,26 @@ class _RoutesEmbeddings:
 
 
 def _unwrap_anchors(var_list):
-    if var_list is None or callable(var_list):
-        return var_list, {}
-    anchors, out = {}, []
-    for v in tf.nest.flatten(var_list):
-        if isinstance(v, TrainableWrapper):
-            v_value = v.value  # the tf.Variable a Keras 3 variable holds (TF backend)
-            anchors[id(v_value)] = v
-            v = v_value
-        out.append(v)
-    return out, anchors
+    """(``var_list`` with each Keras 3 anchor replaced by the tf.Variable it holds, and a dict
+    from that tf.Variable's id to the anchor). A callable ``var_list`` (TF1 / legacy Keras
+    accept one) is wrapped: the dict fills when it is called."""
+    anchors = {}
+
+    def unwrap(variables):
+        out = []
+        for v in tf.nest.flatten(variables):
+            if isinstance(v, TrainableWrapper):
+                held = v.value  # the tf.Variable a Keras 3 variable holds (TF backend)
+                anchors[id(held)] = v
+                v = held
+            out.append(v)
+        return out
+
+    if var_list is None:
+        return None, anchors
+    if callable(var_list):
+        return (lambda: unwrap(var_list())), anchors
+    return unwrap(var_list), anchors
 
 
 _ROUTED = {}

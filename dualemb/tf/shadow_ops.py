@@ -13,7 +13,8 @@ import tensorflow as tf
 from dualemb.tf import lookup as _lookup
 from dualemb.tf.shadow_variable import ShadowVariable
 
-__all__ = ["ShadowVariable", "embedding_lookup", "embedding_lookup_unique"]
+__all__ = ["ShadowVariable", "embedding_lookup", "embedding_lookup_unique",
+           "embedding_lookup_unique_base", "HvdVariable"]
 
 
 def _check(shadow, ids):
@@ -43,3 +44,28 @@ def embedding_lookup_unique(shadow, ids, embedding_size=None, with_unique=True, 
                          f"{shadow.params.dim}")
     fn = _lookup.embedding_lookup_unique if with_unique else _lookup.embedding_lookup
     return fn(shadow, _check(shadow, ids))
+
+
+def embedding_lookup_unique_base(ids, embedding_size, lookup_function, with_unique=True,
+                                 name=None):
+    """TFRA's helper: ``lookup_function(flat ids) -> [n, embedding_size]`` applied to the
+    (distinct, when ``with_unique``) ids of dense or ragged ``ids``, shaped back to
+    ``ids.shape + [embedding_size]`` (a RaggedTensor for ragged ids)."""
+    ragged = isinstance(ids, tf.RaggedTensor)
+    values = ids.flat_values if ragged else tf.convert_to_tensor(ids)
+    flat = tf.reshape(values, [-1])
+    if with_unique:
+        unique, index = tf.unique(flat)
+        rows = tf.gather(lookup_function(unique), index)
+    else:
+        rows = lookup_function(flat)
+    rows = tf.reshape(rows, tf.concat([tf.shape(values), [embedding_size]], 0))
+    return ids.with_flat_values(rows) if ragged else rows
+
+
+class HvdVariable:
+    """TFRA's Horovod embedding weights: Horovod is not supported (see docs/tf.md)."""
+
+    def __init__(self, *args, **kwargs):
+        raise NotImplementedError("HvdVariable needs Horovod, which dualemb does not support; "
+                                  "see docs/tf.md, \"TFRA features not offered\"")
