@@ -187,3 +187,28 @@ def test_embedding_lookup_unique_base_dense_and_ragged():
 def test_hvd_variable_says_horovod_is_not_supported():
     with pytest.raises(NotImplementedError, match="Horovod"):
         de.shadow_ops.HvdVariable("hvd", None, 1, mpi_size=1)
+
+
+@pytest.mark.parametrize("var_list", ["given", "watched"])
+def test_shadow_as_a_tf_function_argument(var_list):
+    """TFRA's test_wrapper_tf_function: the shadow is an argument of the tf.function (passed as
+    itself, not converted to a tensor); TF1's minimize with var_list=[shadow], or without one
+    (then it returns the variables its tape watched: the shadow's, routed to the table)."""
+    params = de.Variable(dim=2, name=f"sv_arg_{var_list}", initializer=0.1)
+    shadow = de.shadow_ops.ShadowVariable(params)
+    optimizer = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0))
+
+    @tf.function
+    def compute(shadow_arg, ids):
+        return tf.reduce_sum(de.shadow_ops.embedding_lookup(shadow_arg, ids))
+
+    size = 0
+    for i in range(3):
+        ids = tf.range(2 * i, 2 * i + 2, dtype=tf.int64)
+        size += 2
+        kwargs = {"var_list": [shadow]} if var_list == "given" else {}
+        optimizer.minimize(lambda: compute(shadow, ids), **kwargs)
+        assert int(params.size()) == size
+    # d(sum)/d(row) = 1 for each key, one SGD step of 1.0: 0.1 - 1.
+    np.testing.assert_allclose(params.lookup(tf.range(6, dtype=tf.int64)), np.full((6, 2), -0.9),
+                               rtol=1e-6)

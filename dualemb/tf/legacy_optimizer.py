@@ -43,7 +43,7 @@ import sys
 import tensorflow as tf
 
 from dualemb.tf import ops, row_update
-from dualemb.tf.trainable import TrainableWrapper, anchor_params, is_anchor
+from dualemb.tf.trainable import TrainableWrapper, anchor_holding, anchor_params, is_anchor
 
 _V1 = tf.compat.v1.train
 
@@ -300,12 +300,12 @@ class _RoutesEmbeddings:
     def compute_gradients(self, loss, var_list=None, *args, **kwargs):
         var_list, anchors = _unwrap_anchors(var_list)
         pairs = super().compute_gradients(loss, var_list, *args, **kwargs)
-        return [(g, anchors.get(id(v), v)) for g, v in pairs]
+        return [(g, _anchor_or_variable(v, anchors)) for g, v in pairs]
 
     def _compute_gradients(self, loss, var_list, *args, **kwargs):  # legacy tf_keras
         var_list, anchors = _unwrap_anchors(var_list)
         pairs = super()._compute_gradients(loss, var_list, *args, **kwargs)
-        return [(g, anchors.get(id(v), v)) for g, v in pairs]
+        return [(g, _anchor_or_variable(v, anchors)) for g, v in pairs]
 
     @tf.autograph.experimental.do_not_convert  # Python control flow over Python objects
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
@@ -367,6 +367,13 @@ def _unwrap_anchors(var_list):
     if callable(var_list):
         return (lambda: unwrap(var_list())), anchors
     return unwrap(var_list), anchors
+
+
+def _anchor_or_variable(variable, anchors):
+    anchor = anchors.get(id(variable))
+    if anchor is None:
+        anchor = anchor_holding(variable)
+    return variable if anchor is None else anchor
 
 
 _ROUTED = {}

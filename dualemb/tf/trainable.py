@@ -19,6 +19,7 @@ in ``model.fit`` — one code path.
 from __future__ import annotations
 
 import re
+import weakref
 
 import keras
 import numpy as np
@@ -50,6 +51,15 @@ class TrainableWrapper(keras.Variable):
         # skips its own update math for them), where a clear error can be raised; a
         # DynamicEmbeddingOptimizer takes them out first.
         self.overwrite_with_gradient = True
+        # The tf.Variable this Keras variable holds knows its anchor: TF1 / legacy Keras
+        # ``minimize`` without a var_list returns the variables its tape watched, i.e. that one.
+        self.value._de_held_by = weakref.ref(self)
+
+    def __tf_tracing_type__(self, context):
+        # As an argument of a tf.function the anchor is passed as itself (its variable is
+        # captured), as TFRA's ResourceVariable-based ShadowVariable is; Keras' default would
+        # turn it into a tensor, and the lookup could no longer find its table.
+        return _ByIdentity(self)
 
     def assign(self, value):
         if isinstance(value, tf.IndexedSlices):
@@ -76,6 +86,39 @@ class TrainableWrapper(keras.Variable):
     @property
     def de_name(self) -> str:
         return self._de_name
+
+
+class _ByIdentity(tf.types.experimental.TraceType):
+    """tf.function trace type of an object passed through by identity (one trace per object)."""
+
+    def __init__(self, obj):
+        self._ref = weakref.ref(obj)
+        self._id = id(obj)
+
+    def is_subtype_of(self, other):
+        return self == other
+
+    def most_specific_common_supertype(self, others):
+        return self if all(self == o for o in others) else None
+
+    def placeholder_value(self, placeholder_context=None):
+        return self._ref()
+
+    def cast(self, value, cast_context):
+        return value
+
+    def __eq__(self, other):
+        return (isinstance(other, _ByIdentity) and self._id == other._id
+                and self._ref() is other._ref())
+
+    def __hash__(self):
+        return self._id
+
+
+def anchor_holding(variable):
+    """The Keras 3 anchor whose tf.Variable ``variable`` is, or None."""
+    ref = getattr(variable, "_de_held_by", None) if isinstance(variable, tf.Variable) else None
+    return None if ref is None else ref()
 
 
 def is_trainable_wrapper(variable) -> bool:
