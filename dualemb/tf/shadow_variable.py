@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from dualemb.tf.row_lookup import lookup_ids
 from dualemb.tf.trainable import TrainableWrapper
+from dualemb.tf.variable import Variable
 
 
 class ShadowVariable(TrainableWrapper):
@@ -33,8 +35,6 @@ class ShadowVariable(TrainableWrapper):
 
     def __init__(self, params, name="ShadowVariable", max_norm=None, trainable=True,
                  distribute_strategy=None, **kwargs):
-        from dualemb.tf.variable import Variable  # noqa: PLC0415 (variable imports trainable)
-
         if not tf.executing_eagerly():
             raise NotImplementedError("a ShadowVariable is created eagerly (as in TFRA)")
         if not isinstance(params, Variable):
@@ -81,10 +81,10 @@ class ShadowVariable(TrainableWrapper):
         return tf.identity(self._kept_rows)
 
     def embedding_lookup(self, ids, name=None, max_norm=None, return_trainable=False):
-        from dualemb.tf.lookup import embedding_lookup  # noqa: PLC0415 (lookup imports this)
-
-        return embedding_lookup(self, ids, name=name, max_norm=max_norm,
-                                return_trainable=return_trainable)
+        """``de.embedding_lookup(self, ids, ...)``: through this shadow (its name)."""
+        return lookup_ids(self.params, ids, name=self.de_name,
+                          max_norm=self.max_norm if max_norm is None else max_norm,
+                          return_trainable=return_trainable)
 
     def verify_embedding_weights(self, sparse_ids, sparse_weights=None):
         """TFRA's check: TypeError for ids of another dtype than the key dtype, weights of
