@@ -10,6 +10,7 @@
 #include "config.h"
 #include "memory_block.h"
 #include "registry.h"
+#include "thread_pool.h"
 
 using Table = dualemb::Storage;
 
@@ -167,6 +168,13 @@ int de_set_num_threads(int64_t id, int32_t n) {
     if (n < 0) throw std::invalid_argument("num_threads must be >= 0");
     dualemb::get_table(id)->set_num_threads(n);
   });
+}
+
+void de_set_thread_scheduler(de_scheduler_fn fn, void* context, de_scheduler_fn* prev_fn,
+                             void** prev_context) {
+  dualemb::ExternalScheduler prev = dualemb::set_thread_scheduler({fn, context});
+  if (prev_fn) *prev_fn = prev.fn;
+  if (prev_context) *prev_context = prev.context;
 }
 
 int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, void* values,

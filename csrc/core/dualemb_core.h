@@ -104,6 +104,15 @@ DE_API int de_set_optimizer(int64_t id, const char* spec);
 // Slot names of the attached optimizer, comma separated ("m,v").
 DE_API int de_slot_names(int64_t id, char* buf, size_t buflen, size_t* needed);
 DE_API int de_set_num_threads(int64_t id, int32_t num_threads);
+// Where batched calls made by THIS thread find helper threads (0 = the core's own worker pool,
+// the default). A framework whose kernels run on its own thread pool passes a function that
+// schedules `task(arg)` on that pool: its idle threads then help instead of spinning beside the
+// core's workers. The calling thread always claims work itself and only waits for tasks a helper
+// has started, so a scheduler that runs tasks late (or inline) is safe. Every scheduled task
+// must eventually run exactly once. Returns the previous setting through prev_* (may be NULL).
+typedef void (*de_scheduler_fn)(void* context, void (*task)(void*), void* arg);
+DE_API void de_set_thread_scheduler(de_scheduler_fn fn, void* context, de_scheduler_fn* prev_fn,
+                                    void** prev_context);
 
 // Batched operations.
 DE_API int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, void* values,
