@@ -409,3 +409,40 @@ def test_sharded_half_precision_and_integer_tables():
         print("OK")
     """, U.env(2))
     assert "OK" in out
+
+
+def test_flax_embed_of_a_float16_table_trains_in_its_dtype():
+    nnx = pytest.importorskip("flax.nnx")
+    lr = 0.5
+
+    class Model(nnx.Module):
+        def __init__(self):
+            self.emb = dej.nnx.Embed(2, key_dtype="int32", value_dtype="float16",
+                                     initializer=V.initializer("float16"),
+                                     optimizer=dej.optimizers.sgd(lr))
+
+        def __call__(self, ids):
+            return self.emb(ids)
+
+    model = Model()
+    w = jnp.asarray([[1.0, -2.0], [0.5, 0.25], [3.0, 1.0]], jnp.float32)
+    ids = jnp.asarray([4, 9, 4], jnp.int32)
+
+    def loss_fn(model):
+        rows = model(ids)
+        assert rows.dtype == jnp.float16  # the tap keeps the rows' dtype
+        return jnp.sum(w * rows.astype(jnp.float32))
+
+    try:
+        _, _, emb_grads = dej.nnx.value_and_grad(loss_fn)(model)
+        (got_ids, g), = emb_grads["emb"]
+        assert g.dtype == jnp.float16
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w).astype(np.float16))
+        dej.nnx.apply_gradients(model, emb_grads)
+        got = np.asarray(model(jnp.asarray([4, 9], jnp.int32)))
+        gw = np.asarray(w).astype(np.float16).astype(np.float32)
+        row = np.full(2, 0.5, np.float32)
+        want = np.stack([row - lr * (gw[0] + gw[2]), row - lr * gw[1]]).astype(np.float16)
+        assert got.dtype == np.float16 and got.tobytes() == want.tobytes()
+    finally:
+        dej.destroy(model.emb.table.get_value())

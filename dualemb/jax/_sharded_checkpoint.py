@@ -127,8 +127,8 @@ def load(path, mesh, axis: str, build, *, name: str | None = None, optimizer=Non
     calls it). The rows are resharded by ``shard_of`` to the mesh axis' N shards; each process
     keeps its own shards (it reads the whole checkpoint once and holds the other shards' rows
     only while loading). Optimizer and step as ``dualemb.jax.load``. ``axis`` is the checked
-    mesh axis; ``build(shard_id_of, dim, key_dtype, optimizer, step, value_dtype)`` makes the table (given
-    by dualemb.jax.sharded, which imports this module)."""
+    mesh axis; ``build(shard_id_of, dim, key_dtype, optimizer, step, value_dtype)`` makes the
+    table (given by dualemb.jax.sharded, which imports this module)."""
     from dualemb.jax.checkpoint import table_names
     from dualemb.jax.table import canonical
     from dualemb.jax import checkpoint as _jck

@@ -112,7 +112,8 @@ class ShardedTable:
 
     def __repr__(self) -> str:
         return (f"ShardedTable(shards={self.num_shards} over axis {self.axis!r}, dim={self.dim},"
-                f" key_dtype={self.key_dtype}, value_dtype={self.value_dtype}, optimizer={self.optimizer!r}, "
+                f" key_dtype={self.key_dtype}, value_dtype={self.value_dtype}, "
+                f"optimizer={self.optimizer!r}, "
                 f"capacity_per_shard={self.capacity_per_shard})")
 
 
