@@ -286,3 +286,21 @@ def test_integer_variable_refusals_leave_it_unchanged():
     sp = tf.SparseTensor([[0, 0], [0, 1]], tf.constant([1, 2], tf.int64), [1, 2])
     out = de.embedding_lookup_sparse(var, sp, None, combiner="sum")
     assert out.dtype == tf.int32 and out.numpy().tolist() == [[4, 6]]
+
+
+@pytest.mark.parametrize("value_dtype", [tf.bfloat16, tf.int64])
+def test_keras_weight_files_keep_the_value_dtype(tmp_path, value_dtype):
+    keras = tf.keras
+    emb = de.keras.layers.Embedding(3, value_dtype=value_dtype, initializer=1,
+                                    trainable=value_dtype.is_floating, name=f"w_{value_dtype.name}")
+    ids = keras.Input((2,), dtype="int64")
+    model = keras.Model(ids, emb(ids))
+    keys = tf.constant([1, 2, 3], tf.int64)
+    big = 2**40 + 1 if value_dtype == tf.int64 else 9  # not representable in a float32
+    rows = np.array([[1, 2, 3], [4, 5, 6], [7, 8, big]]).astype(NP[value_dtype.name])
+    emb.params.upsert(keys, tf.constant(rows))
+    path = str(tmp_path / "m.weights.h5")
+    model.save_weights(path)
+    emb.params.clear()
+    model.load_weights(path)
+    assert_exact(emb.params.lookup(keys).numpy(), rows)
