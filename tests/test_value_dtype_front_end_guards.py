@@ -1,6 +1,6 @@
-"""Until dualemb.tf is wired to value dtypes, its ops pass float32 row buffers: a core table of
-another value dtype must be refused at every door (attach by id, loading a checkpoint), never
-read or written as float32. (dualemb.jax supports every value dtype: tests/test_jax_value_dtypes.py.)"""
+"""A core table of another value dtype, reached from TensorFlow by id: read in its own dtype,
+and an op built for another dtype is refused (never a reinterpretation of its bytes). (JAX:
+tests/test_jax_value_dtypes.py.)"""
 
 import numpy as np
 import pytest
@@ -16,15 +16,16 @@ def half_table():
     t.destroy()
 
 
-def test_tf_attach_refuses_non_float32(half_table):
-    pytest.importorskip("tensorflow")
+def test_tf_attach_reads_a_table_in_its_own_dtype(half_table):
+    """dualemb.tf is wired to value dtypes: attach works for a float16 table, rows come back in
+    float16, and an op built for float32 rows is refused (never a float32 read of half data)."""
+    tf = pytest.importorskip("tensorflow")
     from dualemb.tf import ops
 
-    with pytest.raises(Exception, match="not float32"):
-        ops.attach_table(half_table.id)
-    # A float32 table attaches (the guard is not a blanket refusal).
-    f32 = Table(dim=4)
-    handle = ops.attach_table(f32.id)
-    assert int(ops.table_id(handle)) == f32.id
+    handle = ops.attach_table(half_table.id)
+    rows, exists = ops.find(handle, tf.constant([1, 3], tf.int64), 4, tf.float16)
+    assert rows.dtype == tf.float16 and exists.numpy().tolist() == [True, False]
+    np.testing.assert_array_equal(rows.numpy()[0], np.ones(4, np.float16))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="value dtype is float16"):
+        ops.find(handle, tf.constant([1], tf.int64), 4)
     del handle
-    f32.destroy()

@@ -48,6 +48,27 @@ inline int32_t CoreKeyDtype(DataType dt) {
 
 inline const char* KeyDtypeName(int32_t kd) { return kd == DE_KEY_INT64 ? "int64" : "int32"; }
 
+// The core's value dtype code (DE_VALUE_*) for a TF dtype; -1 for a dtype no table stores.
+inline int32_t CoreValueDtype(DataType dt) {
+  switch (dt) {
+    case ::tensorflow::DT_FLOAT: return DE_VALUE_FLOAT32;
+    case ::tensorflow::DT_HALF: return DE_VALUE_FLOAT16;
+    case ::tensorflow::DT_BFLOAT16: return DE_VALUE_BFLOAT16;
+    case ::tensorflow::DT_DOUBLE: return DE_VALUE_FLOAT64;
+    case ::tensorflow::DT_INT8: return DE_VALUE_INT8;
+    case ::tensorflow::DT_INT32: return DE_VALUE_INT32;
+    case ::tensorflow::DT_INT64: return DE_VALUE_INT64;
+    default: return -1;
+  }
+}
+
+// The name of a DE_VALUE_* code (the config's "value_dtype" names).
+inline const char* ValueDtypeName(int32_t vd) {
+  static const char* const kNames[] = {"float32", "float16", "bfloat16", "float64",
+                                       "int8",    "int32",   "int64"};
+  return vd >= 0 && vd < 7 ? kNames[vd] : "unknown";
+}
+
 // Reads input `index` as an integer scalar.
 inline absl::Status ScalarInput(OpKernelContext* ctx, int index, const char* what, int64_t* out) {
   const Tensor& t = ctx->input(index);
@@ -97,11 +118,13 @@ class ScopedRunnerHelpers {
 struct TableDims {
   int64_t dim = 0;
   int32_t key_dtype = 0;
+  int32_t value_dtype = 0;  // DE_VALUE_*: the dtype of every row and slot buffer
   int32_t num_slots = 0;
 };
 
 inline absl::Status GetDims(const std::string& op, int64_t id, TableDims* d) {
-  if (de_table_dims(id, &d->dim, &d->key_dtype, &d->num_slots) != 0)
+  if (de_table_dims(id, &d->dim, &d->key_dtype, &d->num_slots) != 0 ||
+      de_value_dtype(id, &d->value_dtype) != 0)
     return absl::InvalidArgumentError(op + ": " + de_last_error());
   return absl::OkStatus();
 }
@@ -128,7 +151,7 @@ class TableResource : public ::tensorflow::ResourceBase {
     return de_memory_bytes(id_, &bytes) == 0 ? bytes : 0;
   }
 
-  // The table's dim and key dtype (num_slots left 0), asked from the core once: they never
+  // The table's dim, key and value dtypes (num_slots left 0), asked from the core once: they never
   // change, and asking costs a server round trip on a Redis table. Ops that need the slot count,
   // which changes when an optimizer is attached, call GetDims instead.
   absl::Status FixedDims(const std::string& op, TableDims* d) {
@@ -138,10 +161,12 @@ class TableResource : public ::tensorflow::ResourceBase {
       TF_RETURN_IF_ERROR(GetDims(op, id_, &fresh));
       dim_ = fresh.dim;
       key_dtype_ = fresh.key_dtype;
+      value_dtype_ = fresh.value_dtype;
       have_dims_ = true;
     }
     d->dim = dim_;
     d->key_dtype = key_dtype_;
+    d->value_dtype = value_dtype_;
     d->num_slots = 0;
     return absl::OkStatus();
   }
@@ -152,6 +177,7 @@ class TableResource : public ::tensorflow::ResourceBase {
   bool have_dims_ = false;
   int64_t dim_ = 0;
   int32_t key_dtype_ = 0;
+  int32_t value_dtype_ = 0;
 };
 
 // The table whose handle is input `index`. The input tensor holds a reference to the resource
@@ -176,7 +202,7 @@ inline absl::Status TableIdInput(OpKernelContext* ctx, int index, int64_t* id) {
   return absl::OkStatus();
 }
 
-// Input 0 of every table op is the table handle: reads its core id, dim and key dtype (d->num_slots
+// Input 0 of every table op is the table handle: reads its core id, dim, key and value dtypes (d->num_slots
 // is left 0: see TableResource::FixedDims).
 inline absl::Status TableOf(OpKernelContext* ctx, int64_t* id, TableDims* d) {
   ::tensorflow::core::RefCountPtr<TableResource> table;
@@ -203,12 +229,30 @@ inline absl::Status CheckKeys(const std::string& op, const TableDims& d, const T
   return absl::OkStatus();
 }
 
-// Checks that `rows` is float32 with shape keys.shape + [dim].
+// Checks that the op's value dtype (its Tvalue attr: the dtype of the row buffers it passes as
+// void*) is the table's value dtype, so no buffer is ever read or written as another dtype.
+inline absl::Status CheckValueDtype(const std::string& op, const TableDims& d, DataType dt) {
+  if (CoreValueDtype(dt) != d.value_dtype)
+    return absl::InvalidArgumentError(
+        op + ": values have dtype " + ::tensorflow::DataTypeString(dt) +
+        " but the table's value dtype is " + ValueDtypeName(d.value_dtype));
+  return absl::OkStatus();
+}
+
+// Checks that `rows` has the table's value dtype (or float32 when `float32_rows`: gradients)
+// and shape keys.shape + [dim].
 inline absl::Status CheckRows(const std::string& op, const char* what, const TableDims& d,
-                              const Tensor& keys, const Tensor& rows) {
-  if (rows.dtype() != ::tensorflow::DT_FLOAT)
-    return absl::InvalidArgumentError(op + ": " + what + " must be float32, got " +
-                                      ::tensorflow::DataTypeString(rows.dtype()));
+                              const Tensor& keys, const Tensor& rows, bool float32_rows = false) {
+  if (float32_rows) {
+    if (rows.dtype() != ::tensorflow::DT_FLOAT)
+      return absl::InvalidArgumentError(op + ": " + what + " must be float32, got " +
+                                        ::tensorflow::DataTypeString(rows.dtype()));
+  } else if (CoreValueDtype(rows.dtype()) != d.value_dtype) {
+    return absl::InvalidArgumentError(op + ": " + what + " have dtype " +
+                                      ::tensorflow::DataTypeString(rows.dtype()) +
+                                      " but the table's value dtype is " +
+                                      ValueDtypeName(d.value_dtype));
+  }
   TensorShape want = keys.shape();
   want.AddDim(d.dim);
   if (rows.shape() != want)

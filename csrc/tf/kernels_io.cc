@@ -14,6 +14,7 @@ class ExportOp : public OpKernel {
   explicit ExportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("Tkey", &key_type_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tvalue", &value_type_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -30,6 +31,7 @@ class ExportOp : public OpKernel {
                                            ::tensorflow::DataTypeString(key_type_) +
                                            " keys but the table's key dtype is " +
                                            KeyDtypeName(d.key_dtype)));
+    OP_REQUIRES_OK(ctx, CheckValueDtype(name(), d, value_type_));
     OP_REQUIRES(ctx, dim_ < 0 || dim_ == d.dim,
                 absl::InvalidArgumentError(name() + ": the op was built for dim " +
                                            std::to_string(dim_) + " but the table has dim " +
@@ -40,17 +42,15 @@ class ExportOp : public OpKernel {
 
     Tensor keys, values, slots, last, count;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(key_type_, TensorShape({rows}), &keys));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({rows, d.dim}),
-                                           &values));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT,
-                                           TensorShape({rows, d.num_slots, d.dim}), &slots));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(value_type_, TensorShape({rows, d.dim}), &values));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(value_type_, TensorShape({rows, d.num_slots, d.dim}),
+                                           &slots));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({rows}), &last));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({rows}), &count));
     int64_t got = 0;
     if (rows > 0) {
       DE_CORE_CALL(ctx, de_export(id, offset, rows, d.key_dtype, keys.data(),
-                                  values.flat<float>().data(),
-                                  d.num_slots ? slots.flat<float>().data() : nullptr,
+                                  values.data(), d.num_slots ? slots.data() : nullptr,
                                   d.num_slots, last.flat<int64_t>().data(), count.flat<int64_t>().data(), &got));
     }
     // The table may have shrunk between size and export (a concurrent erase): keep what was read.
@@ -64,6 +64,7 @@ class ExportOp : public OpKernel {
  private:
   int64_t dim_;
   DataType key_type_;
+  DataType value_type_;
 };
 
 class ImportOp : public OpKernel {
@@ -88,14 +89,19 @@ class ImportOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
     OP_REQUIRES_OK(ctx, CheckRows(name(), "values", d, keys, values));
     const int64_t n = keys.NumElements();
-    const float* slot_ptr = nullptr;
+    const void* slot_ptr = nullptr;
     if (slots.NumElements() > 0 || (slots.dims() == 3 && slots.dim_size(1) > 0)) {
       TensorShape want({n, d.num_slots, d.dim});
       OP_REQUIRES(ctx, slots.shape() == want,
                   absl::InvalidArgumentError(name() + ": slots have shape " +
                                              slots.shape().DebugString() + ", expected " +
                                              want.DebugString() + " [n, num_slots, dim]"));
-      slot_ptr = slots.flat<float>().data();
+      OP_REQUIRES(ctx, slots.dtype() == values.dtype(),
+                  absl::InvalidArgumentError(name() + ": slots have dtype " +
+                                             ::tensorflow::DataTypeString(slots.dtype()) +
+                                             ", expected the values' " +
+                                             ::tensorflow::DataTypeString(values.dtype())));
+      slot_ptr = slots.data();
     }
     auto meta = [&](const Tensor& t, const char* what, const int64_t** ptr) -> absl::Status {
       if (t.NumElements() == 0 && n != 0) return absl::OkStatus();  // left out
@@ -114,7 +120,7 @@ class ImportOp : public OpKernel {
     if (clear_) DE_CORE_CALL(ctx, de_clear(id));
     int64_t evicted = 0;
     if (n > 0) {
-      DE_CORE_CALL(ctx, de_import(id, d.key_dtype, keys.data(), n, values.flat<float>().data(),
+      DE_CORE_CALL(ctx, de_import(id, d.key_dtype, keys.data(), n, values.data(),
                                   slot_ptr, d.num_slots, last_ptr, count_ptr, &evicted));
     }
     OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));

@@ -12,6 +12,7 @@ class FindOp : public OpKernel {
   explicit FindOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("insert_missing", &insert_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("Tvalue", &value_type_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -20,6 +21,7 @@ class FindOp : public OpKernel {
     OP_REQUIRES_OK(ctx, TableOf(ctx, &id, &d));
     const Tensor& keys = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
+    OP_REQUIRES_OK(ctx, CheckValueDtype(name(), d, value_type_));
     OP_REQUIRES(ctx, d.dim == dim_,
                 absl::InvalidArgumentError(name() + ": the op was built for dim " +
                                            std::to_string(dim_) + " but the table has dim " +
@@ -34,7 +36,7 @@ class FindOp : public OpKernel {
     int64_t evicted = 0;
     ScopedRunnerHelpers helpers(ctx);
     if (n > 0) {
-      float* out = values->flat<float>().data();
+      void* out = values->data();
       auto* ex = reinterpret_cast<uint8_t*>(exists->flat<bool>().data());
       if (insert_) {
         DE_CORE_CALL(ctx, de_find_or_insert(id, d.key_dtype, keys.data(), n, out, ex, &evicted));
@@ -48,6 +50,7 @@ class FindOp : public OpKernel {
  private:
   int64_t dim_;
   bool insert_;
+  DataType value_type_;
 };
 
 class InsertOrAssignOp : public OpKernel {
@@ -66,7 +69,7 @@ class InsertOrAssignOp : public OpKernel {
     int64_t evicted = 0;
     if (keys.NumElements() > 0) {
       DE_CORE_CALL(ctx, de_insert_or_assign(id, d.key_dtype, keys.data(), keys.NumElements(),
-                                            values.flat<float>().data(), &evicted));
+                                            values.data(), &evicted));
     }
     OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));
   }
@@ -93,7 +96,7 @@ class AccumOp : public OpKernel {
     int64_t evicted = 0;
     if (keys.NumElements() > 0) {
       DE_CORE_CALL(ctx, de_accum(id, d.key_dtype, keys.data(), keys.NumElements(),
-                                 deltas.flat<float>().data(),
+                                 deltas.data(),
                                  reinterpret_cast<const uint8_t*>(exists.flat<bool>().data()),
                                  &evicted));
     }

@@ -21,7 +21,8 @@ class ApplyGradientsOp : public OpKernel {
     const Tensor& keys = ctx->input(1);
     const Tensor& grads = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
-    OP_REQUIRES_OK(ctx, CheckRows(name(), "gradients", d, keys, grads));
+    OP_REQUIRES_OK(ctx, CheckRows(name(), "gradients", d, keys, grads,
+                                  /*float32_rows=*/true));
     ScopedRunnerHelpers helpers(ctx);
     int64_t evicted = 0;
     if (keys.NumElements() > 0) {

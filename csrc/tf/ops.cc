@@ -4,14 +4,20 @@
 // writes to the same table. A table is a resource (csrc/tf/common.h `TableResource`):
 // DualembTableHandle makes a fresh one, DualembTableAttach shares an existing core table by id,
 // and the first input of every other table op is the handle, so one op serves any number of
-// tables and is placed on the device that holds the table. Rows are float32 with shape
-// keys.shape + [dim].
+// tables and is placed on the device that holds the table. Rows have shape keys.shape + [dim] and
+// the table's value dtype (attr Tvalue, checked by the kernels against the table; its default,
+// float, keeps graphs and SavedModels written before value dtypes loading). Gradients and
+// restrict scores are float32 whatever the value dtype.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 
 namespace dualemb_tf {
 namespace {
+
+// Every value dtype a core table stores (DE_VALUE_* in dualemb_core.h).
+constexpr char kValueDtypeAttr[] =
+    "Tvalue: {float, half, bfloat16, double, int8, int32, int64} = DT_FLOAT";
 
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
@@ -70,10 +76,11 @@ REGISTER_OP("DualembTableId")
 REGISTER_OP("DualembFind")
     .Input("table: resource")
     .Input("keys: Tkey")
-    .Output("values: float")
+    .Output("values: Tvalue")
     .Output("exists: bool")
     .Output("evicted: int64")
     .Attr("Tkey: {int32, int64}")
+    .Attr(kValueDtypeAttr)
     .Attr("dim: int")
     .Attr("insert_missing: bool = false")
     .SetIsStateful()
@@ -91,19 +98,21 @@ keys a capacity limit evicted for them, like every write op reports (0 without i
 REGISTER_OP("DualembInsertOrAssign")
     .Input("table: resource")
     .Input("keys: Tkey")
-    .Input("values: float")
+    .Input("values: Tvalue")
     .Output("evicted: int64")
     .Attr("Tkey: {int32, int64}")
+    .Attr(kValueDtypeAttr)
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
 REGISTER_OP("DualembAccum")
     .Input("table: resource")
     .Input("keys: Tkey")
-    .Input("deltas: float")
+    .Input("deltas: Tvalue")
     .Input("exists: bool")
     .Output("evicted: int64")
     .Attr("Tkey: {int32, int64}")
+    .Attr(kValueDtypeAttr)
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
@@ -136,7 +145,8 @@ REGISTER_OP("DualembApplyGradients")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc(R"doc(One fused optimizer step on the rows of `keys` (gradients of duplicate keys summed;
-missing keys inserted from the initializer). `step` is the 1-based update count.)doc");
+missing keys inserted from the initializer). `step` is the 1-based update count. Gradients are
+float32 whatever the table's value dtype (a float16/bfloat16 row is updated in float32).)doc");
 
 REGISTER_OP("DualembRestrict")
     .Input("table: resource")
@@ -156,11 +166,12 @@ REGISTER_OP("DualembExport")
     .Input("offset: int64")
     .Input("limit: int64")
     .Output("keys: Tkey")
-    .Output("values: float")
-    .Output("slots: float")
+    .Output("values: Tvalue")
+    .Output("slots: Tvalue")
     .Output("last_update: int64")
     .Output("update_count: int64")
     .Attr("Tkey: {int32, int64}")
+    .Attr(kValueDtypeAttr)
     .Attr("dim: int = -1")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) {
@@ -177,17 +188,19 @@ REGISTER_OP("DualembExport")
       return absl::OkStatus();
     })
     .Doc(R"doc(Rows [offset, offset+limit) of the table's iteration order (limit < 0: to the end):
-keys, values [n, dim], slots [n, num_slots, dim], last_update, update_count.)doc");
+keys, values [n, dim], slots [n, num_slots, dim] (both in the table's value dtype), last_update,
+update_count.)doc");
 
 REGISTER_OP("DualembImport")
     .Input("table: resource")
     .Input("keys: Tkey")
-    .Input("values: float")
-    .Input("slots: float")
+    .Input("values: Tvalue")
+    .Input("slots: Tvalue")
     .Input("last_update: int64")
     .Input("update_count: int64")
     .Output("evicted: int64")
     .Attr("Tkey: {int32, int64}")
+    .Attr(kValueDtypeAttr)
     .Attr("clear: bool = false")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
@@ -229,10 +242,11 @@ REGISTER_OP("DualembSetClock")
 // function, and with it every table handle it captured, alive for the life of the process.
 REGISTER_OP("DualembRowsWithKeyGradient")
     .Input("anchor: float")
-    .Input("rows: float")
+    .Input("rows: Tvalue")
     .Input("keys: Tkey")
-    .Output("out: float")
+    .Output("out: Tvalue")
     .Attr("Tkey: {int32, int64}")
+    .Attr(kValueDtypeAttr)
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(1));
       return absl::OkStatus();

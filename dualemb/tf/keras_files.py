@@ -92,9 +92,10 @@ def layer_load_own_variables(layer, store) -> None:
     restored = []
     for j, var in enumerate(de_vars):
         where = f"loading layer {layer.name!r} de.Variable {var.name!r}"
+        dtypes = state.dtypes_of(var)
         try:
-            t = {f: tf.convert_to_tensor(np.asarray(store[f"{_STORE_PREFIX}{j}.{f}"]),
-                                         state.DTYPES[f]) for f in state.FIELDS}
+            t = {f: tf.convert_to_tensor(np.asarray(store[f"{_STORE_PREFIX}{j}.{f}"]), dtypes[f])
+                 for f in state.FIELDS}
             meta_bytes = np.asarray(store[f"{_STORE_PREFIX}{j}.{state.META}"], np.uint8).tobytes()
         except KeyError as e:
             raise CheckpointError(f"{where}: the saved state lacks {e}") from None

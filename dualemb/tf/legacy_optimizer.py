@@ -42,7 +42,7 @@ import sys
 
 import tensorflow as tf
 
-from dualemb.tf import ops, row_update
+from dualemb.tf import row_update
 from dualemb.tf.trainable import TrainableWrapper, anchor_holding, anchor_params, is_anchor
 
 _V1 = tf.compat.v1.train
@@ -339,10 +339,7 @@ class _RoutesEmbeddings:
             row_update.attach(group.params, spec, self)
             decay = api.weight_decay(self, group.wrappers[0])
             if decay:
-                unique, _ = tf.unique(group.keys)
-                rows, _ = group.params._find_flat(unique)
-                group.params._write_flat(
-                    ops.insert_or_assign, unique, rows - rows * tf.constant(decay, tf.float32) * learning_rate)
+                row_update.decay_rows(group.params, group.keys, decay, learning_rate)
             row_update.fused_step(group, learning_rate, step)
 
 

@@ -5,8 +5,9 @@ All of them read rows without inserting keys. In training mode (``de.enable_trai
 default) and for a trainable Variable, the rows carry a gradient route to the Variable's
 ``TrainableWrapper`` registered under ``name`` (see ``dualemb/tf/trainable.py``); in inference
 mode they are plain reads. ``max_norm`` clips each looked-up vector to that L2 norm on every path
-(TFRA's ``embedding_lookup_unique`` silently ignores it). Rows are computed in float32 and cast
-to the Variable's ``value_dtype`` at the end.
+(TFRA's ``embedding_lookup_unique`` silently ignores it). Rows are combined in float32 for
+float16/bfloat16 Variables (``row_lookup.compute_dtype``) and cast to the Variable's
+``value_dtype`` at the end.
 """
 
 from __future__ import annotations
@@ -74,8 +75,12 @@ def _as_sparse(ids, what):
 
 
 def _combine(params, sp_ids, sp_weights, combiner, name, max_norm):
-    """[d0, dim] float32: row i combines the rows of the ids in row i of the 2-D ``sp_ids``
+    """[d0, dim] in ``compute_dtype(value_dtype)``: row i combines the rows of the ids in row i of the 2-D ``sp_ids``
     (zeros for a row without ids), and the wrapper."""
+    if not params.value_dtype.is_floating and (combiner != "sum" or sp_weights is not None):
+        raise TypeError(f"Variable {params.name!r} has value_dtype {params.value_dtype.name}: "
+                        "integer rows combine only with combiner='sum' and no weights (a mean "
+                        "or a weight would need a float)")
     segment_ids = sp_ids.indices[:, 0]
     num_segments = sp_ids.dense_shape[0]
     keys = params._keys(sp_ids.values, "sp_ids.values")
@@ -85,7 +90,7 @@ def _combine(params, sp_ids, sp_weights, combiner, name, max_norm):
     if sp_weights is None:
         weights = tf.ones_like(embeddings[:, 0])
     else:
-        weights = tf.cast(sp_weights.values, tf.float32)
+        weights = tf.cast(sp_weights.values, embeddings.dtype)
     embeddings = embeddings * weights[:, None]
     out = tf.math.unsorted_segment_sum(embeddings, segment_ids, num_segments)
     if combiner == "mean":

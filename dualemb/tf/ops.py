@@ -4,8 +4,10 @@ A table is a TensorFlow resource. ``table_handle`` creates a fresh core table an
 anonymous, ref-counted resource handle to it (a scalar ``tf.resource`` tensor); the table is freed
 when the last copy of that handle is gone (the eager tensor, and every function that captured it).
 Every other op is stateful and takes such a handle first (``TableShard.resource``), and runs on the
-device the handle names. Rows are float32, shaped ``keys.shape + [dim]``. Keys must have the
-table's key dtype (int64 or int32). On bad input an op raises ``tf.errors.InvalidArgumentError``
+device the handle names. Rows are shaped ``keys.shape + [dim]`` and have the table's value dtype
+(float32, float16, bfloat16, float64, int8, int32, int64: ``value_dtype`` arguments default to
+float32, and an op whose dtype differs from the table's raises); gradients and restrict scores are
+float32 whatever the value dtype. Keys must have the table's key dtype (int64 or int32). On bad input an op raises ``tf.errors.InvalidArgumentError``
 naming the problem, and the table is left unchanged.
 
 Contract used by ``dualemb/tf/saving.py`` (checkpoints):
@@ -18,14 +20,15 @@ Contract used by ``dualemb/tf/saving.py`` (checkpoints):
 ``attach_table(table_id) -> resource`` / ``table_id(handle) -> int64 scalar``
     Explicit sharing with ``dualemb.core`` / ``dualemb.jax`` in one process: a handle to an
     existing core table (keeping it alive while the handle lives), and the core id of a handle.
-``export_table(handle, key_dtype=tf.int64, dim=-1, offset=0, limit=-1) -> dict``
+``export_table(handle, key_dtype=tf.int64, dim=-1, value_dtype=tf.float32, offset=0, limit=-1)
+-> dict``
     Rows ``[offset, offset + limit)`` of the table's iteration order (``limit < 0``: all rows
-    from offset): ``{"keys": [n] key_dtype, "values": [n, dim] f32, "slots": [n, num_slots, dim]
-    f32, "last_update": [n] i64, "update_count": [n] i64}``. The order is stable while the table
+    from offset): ``{"keys": [n] key_dtype, "values": [n, dim], "slots": [n, num_slots, dim]
+    (both value_dtype), "last_update": [n] i64, "update_count": [n] i64}``. The order is stable while the table
     is not modified, so paging with offset/limit is consistent.
 ``import_table(handle, keys, values, slots=None, last_update=None, update_count=None,
 clear=False) -> evicted (int64 scalar)``
-    Inserts or overwrites rows; ``slots`` must be ``[n, num_slots, dim]`` of the attached
+    Inserts or overwrites rows (values and slots in the table's value dtype); ``slots`` must be ``[n, num_slots, dim]`` of the attached
     optimizer (None: new rows get the optimizer's initial slots); None metadata is left out.
     ``clear=True`` empties the table first (restore = replace, not merge).
 ``clear_table(handle)``; ``table_size(handle) -> int64``; ``describe(handle) -> string``
@@ -77,18 +80,18 @@ def table_id(handle):
     return _ops.dualemb_table_id(handle)
 
 
-def find(table, keys, dim: int):
-    """(values [keys.shape + dim], exists [keys.shape]); missing keys read as their initializer
-    row and are not inserted."""
-    values, exists, _ = _ops.dualemb_find(table, keys, dim=dim)
+def find(table, keys, dim: int, value_dtype=tf.float32):
+    """(values [keys.shape + dim] of value_dtype, exists [keys.shape]); missing keys read as
+    their initializer row and are not inserted."""
+    values, exists, _ = _ops.dualemb_find(table, keys, dim=dim, Tvalue=value_dtype)
     return values, exists
 
 
-def find_or_insert(table, keys, dim: int):
+def find_or_insert(table, keys, dim: int, value_dtype=tf.float32):
     """(values, exists, evicted): like find, but missing keys are inserted with their
     initializer row; ``evicted`` is how many keys a capacity limit evicted (as every write
     op returns)."""
-    return _ops.dualemb_find(table, keys, dim=dim, insert_missing=True)
+    return _ops.dualemb_find(table, keys, dim=dim, insert_missing=True, Tvalue=value_dtype)
 
 
 def insert_or_assign(table, keys, values):
@@ -134,22 +137,26 @@ def restrict(table, num_reserved, policy: str = "recency", keys=None, scores=Non
                                  tf.cast(scores, tf.float32), policy=RESTRICT_POLICIES[policy])
 
 
-def export_table(table, key_dtype=tf.int64, dim: int = -1, offset=0, limit=-1) -> dict:
+def export_table(table, key_dtype=tf.int64, dim: int = -1, value_dtype=tf.float32, offset=0,
+                 limit=-1) -> dict:
     keys, values, slots, last, count = _ops.dualemb_export(
-        table, tf.cast(offset, tf.int64), tf.cast(limit, tf.int64), Tkey=key_dtype, dim=dim)
+        table, tf.cast(offset, tf.int64), tf.cast(limit, tf.int64), Tkey=key_dtype, dim=dim,
+        Tvalue=value_dtype)
     return {"keys": keys, "values": values, "slots": slots, "last_update": last,
             "update_count": count}
 
 
 def import_table(table, keys, values, slots=None, last_update=None, update_count=None,
                  clear: bool = False):
+    """Values (a tensor: its dtype must be the table's; a Python list becomes float32) and slots
+    (the values' dtype) go in as they are."""
     keys = tf.convert_to_tensor(keys)
-    values = tf.convert_to_tensor(values, tf.float32)
-    empty_f = tf.zeros([0], tf.float32)
+    values = tf.convert_to_tensor(values, None if hasattr(values, "dtype") else tf.float32)
+    empty_v = tf.zeros([0], values.dtype)
     empty_i = tf.zeros([0], tf.int64)
     return _ops.dualemb_import(
         table, keys, values,
-        empty_f if slots is None else tf.convert_to_tensor(slots, tf.float32),
+        empty_v if slots is None else tf.convert_to_tensor(slots, values.dtype),
         empty_i if last_update is None else tf.cast(last_update, tf.int64),
         empty_i if update_count is None else tf.cast(update_count, tf.int64),
         clear=clear)

@@ -56,7 +56,7 @@ import copy
 import keras
 import tensorflow as tf
 
-from dualemb.tf import legacy_optimizer, ops, optimizer_specs, row_update
+from dualemb.tf import legacy_optimizer, optimizer_specs, row_update
 from dualemb.tf.trainable import is_trainable_wrapper
 
 
@@ -389,10 +389,7 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
         row_update.attach(params, spec, self)
         if front_end_decay:
             wd = tf.constant(optimizer_specs.weight_decay_of(inner), tf.float32)
-            unique, _ = tf.unique(group.keys)
-            rows, _ = params._find_flat(unique)
-            decayed = rows - rows * wd * learning_rate
-            params._write_flat(ops.insert_or_assign, unique, decayed)
+            row_update.decay_rows(params, group.keys, wd, learning_rate)
         row_update.fused_step(group, learning_rate, step)
 
 

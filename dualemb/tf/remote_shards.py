@@ -34,7 +34,7 @@ def describe_shard(shard) -> str:
         return ops.describe(shard.resource).numpy().decode()
 
 
-def _scratch_copy(shard, key_dtype: tf.DType, dim: int) -> Table:
+def _scratch_copy(shard, key_dtype: tf.DType, dim: int, value_dtype: tf.DType) -> Table:
     config, opt = parse_description(describe_shard(shard))
     # The scratch copy is in memory: with the shard's Redis backend members it would open the
     # same Redis table from the chief (and destroying it could touch the shared rows).
@@ -46,7 +46,8 @@ def _scratch_copy(shard, key_dtype: tf.DType, dim: int) -> Table:
             _core.set_optimizer(tid, to_spec(opt))
             table._read_dims()
         with tf.init_scope():
-            page = ops.export_table(shard.resource, key_dtype=key_dtype, dim=dim)
+            page = ops.export_table(shard.resource, key_dtype=key_dtype, dim=dim,
+                                    value_dtype=value_dtype)
             page = {k: v.numpy() for k, v in page.items()}
         if len(page["keys"]):
             table.import_rows(page["keys"], page["values"], page["slots"],
@@ -71,7 +72,7 @@ def staged_core_shards(var):
                 tables.append(Table.attach(tid, name=str(var.name)))
                 remote.append(False)
             else:
-                t = _scratch_copy(shard, kd, int(var.dim))
+                t = _scratch_copy(shard, kd, int(var.dim), tf.as_dtype(var.value_dtype))
                 t.name = str(var.name)
                 tables.append(t)
                 remote.append(True)

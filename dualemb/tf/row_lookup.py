@@ -5,8 +5,10 @@ itself; ``dualemb.tf.lookup`` checks its arguments, then calls it).
 In training mode (``de.enable_train_mode()``, the default) and for a trainable Variable, the rows
 carry a gradient route to the Variable's ``TrainableWrapper`` registered under ``name`` (see
 ``dualemb/tf/trainable.py``); in inference mode they are plain reads. ``max_norm`` clips each
-looked-up vector to that L2 norm. Rows are computed in float32 and cast to the Variable's
-``value_dtype`` at the end.
+looked-up vector to that L2 norm. Rows are read in the Variable's ``value_dtype``; combining math
+runs in :func:`compute_dtype` (float32 for float16/bfloat16, as Keras computes under mixed
+precision) and the result is cast back to ``value_dtype`` at the end. Integer rows never go
+through a float (an int64 row above 2**24 would not survive float32).
 
 It uses only the Variable's methods (``_find_flat``, ``_keys``, ``trainable_wrapper``), so
 ``dualemb.tf.variable`` imports it without an import cycle.
@@ -22,16 +24,27 @@ from dualemb.tf.trainable import attach_gradient
 DEFAULT_NAME = "embedding_lookup"
 
 
+def compute_dtype(value_dtype) -> tf.DType:
+    """The dtype lookups combine rows in: float32 for float16/bfloat16 rows, else the value
+    dtype itself."""
+    value_dtype = tf.as_dtype(value_dtype)
+    return tf.float32 if value_dtype in (tf.float16, tf.bfloat16) else value_dtype
+
+
 def lookup_rows(params, flat_keys, name, max_norm=None):
-    """(rows [n, dim] float32 of flat keys, the TrainableWrapper they train or None)."""
+    """(rows [n, dim] of flat keys in ``compute_dtype(params.value_dtype)``, the
+    TrainableWrapper they train or None). Integer rows carry no gradient route (nothing can
+    differentiate them)."""
     rows, _ = params._find_flat(flat_keys)
     wrapper = None
-    if params.trainable and modes.is_training():
+    if params.trainable and modes.is_training() and params.value_dtype.is_floating:
         wrapper = params.trainable_wrapper(name or DEFAULT_NAME)
         record = getattr(wrapper, "_record_lookup", None)  # a ShadowVariable keeps its lookup
         if record is not None:
             record(flat_keys, rows)
         rows = attach_gradient(wrapper, rows, flat_keys)
+    if rows.dtype != compute_dtype(params.value_dtype):
+        rows = tf.cast(rows, compute_dtype(params.value_dtype))  # exact: float16/bfloat16 widen
     if max_norm is not None:
         rows = tf.clip_by_norm(rows, max_norm, axes=[1])
     return rows, wrapper
@@ -39,7 +52,7 @@ def lookup_rows(params, flat_keys, name, max_norm=None):
 
 def finish(params, out, wrapper, name, return_trainable):
     """``out`` cast to the Variable's value dtype, with the wrapper when ``return_trainable``."""
-    if params.value_dtype != tf.float32:
+    if out.dtype != params.value_dtype:
         out = tf.cast(out, params.value_dtype)
     if return_trainable:
         if wrapper is None:

@@ -29,7 +29,7 @@ def initial_slots(params) -> np.ndarray:
     from dualemb.core import Table  # host-side, through the pybind module
 
     optimizer = Table.attach(params.tables[0].table_id).optimizer
-    probe = Table(dim=params.dim)
+    probe = Table(dim=params.dim, value_dtype=params.value_dtype.name)
     try:
         probe.set_optimizer(optimizer)
         probe.import_rows(np.zeros([1], np.int64), np.zeros([1, params.dim], np.float32))
@@ -53,7 +53,8 @@ class SlotVariable:
         """Per shard: (keys, this slot's rows), of the trained rows when ``trained_only``."""
         initial = tf.constant(initial_slots(self.params)) if trained_only else None
         for shard in self.params.tables:
-            page = ops.export_table(shard.resource, self.params.key_dtype, self.params.dim)
+            page = ops.export_table(shard.resource, self.params.key_dtype, self.params.dim,
+                                    self.params.value_dtype)
             keys, slots = page["keys"], page["slots"]
             if trained_only:  # any slot of the row moved: all slot views show the same keys
                 trained = tf.reduce_any(tf.not_equal(slots, initial[None]), axis=[1, 2])

@@ -17,8 +17,8 @@ listed in ``dualemb/tf/saving.py``) and anything else that saves or inspects a V
   (when nothing references their handles any more). ``var.table_handles()``: the shards'
   handles for ops built now (in the graph a SavedModel's TF1 saver is built in, the handles TF
   made there).
-- ``var.dim`` (int), ``var.key_dtype`` / ``var.value_dtype`` (``tf.DType``; the core stores float32
-  and casts to ``value_dtype`` at the boundary), ``var.name`` (str), ``var.checkpoint`` (bool: save
+- ``var.dim`` (int), ``var.key_dtype`` / ``var.value_dtype`` (``tf.DType``; each core table stores
+  its rows and optimizer slots in ``value_dtype``, see ``dualemb/core/value_dtypes.py``), ``var.name`` (str), ``var.checkpoint`` (bool: save
   it or not), ``var.initializer_spec`` (core initializer dict), ``var.optimizer_spec`` (the fused
   optimizer spec dict attached by ``DynamicEmbeddingOptimizer``, or None), ``var.partition_fn`` and
   ``var.shard_num``. Key routing: ``var.partition_fn(keys, var.shard_num)`` -> int32 shard index
@@ -41,6 +41,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from dualemb.core import value_dtypes as _value_dtypes
 from dualemb.core.routing import shard_of
 from dualemb.core.table import Table
 from dualemb.core.spec import to_spec
@@ -56,7 +57,17 @@ from dualemb.tf.slots import slot_variables
 from dualemb.tf.trainable import TrainableWrapper
 
 _KEY_DTYPES = (tf.int64, tf.int32)
-_VALUE_DTYPES = (tf.float32, tf.float16, tf.bfloat16, tf.float64)
+_VALUE_DTYPES = (tf.float32, tf.float16, tf.bfloat16, tf.float64, tf.int8, tf.int32, tf.int64)
+
+
+def check_trainable_dtype(var) -> None:
+    """TypeError unless ``var``'s value dtype can be trained (float32, float16, bfloat16: the
+    core's fused optimizers update rows in float32 arithmetic)."""
+    if var.value_dtype.name not in _value_dtypes.TRAINABLE:
+        raise TypeError(
+            f"de.Variable {var.name!r} has value_dtype {var.value_dtype.name}, which cannot be "
+            f"trained (training needs {', '.join(sorted(_value_dtypes.TRAINABLE))}); use it for "
+            "lookups and writes only, with trainable=False, or make it a float Variable")
 
 
 def default_partition_fn(keys, shard_num):
@@ -83,7 +94,9 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
     Args:
       key_dtype: ``tf.int64`` (default) or ``tf.int32``.
-      value_dtype: ``tf.float32`` (stored), or float16 / bfloat16 / float64 (cast at the boundary).
+      value_dtype: what the tables store: ``tf.float32`` (default), float16 / bfloat16 (2 bytes per
+        element; trained with float32 arithmetic), float64, or int8 / int32 / int64 (counters,
+        id maps: every operation but training; their initializer must be a constant).
       dim: length of each row.
       devices: one table per entry (default ``["/CPU:0"]``); each table lives in the host memory
         of its entry's task (a GPU entry means that task's CPU), and the ops on it run there.
@@ -143,7 +156,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         self._optimizer_owner = None
         self._trainable_store = {}
 
-        config = {"dim": self._dim, "key_dtype": self._key_dtype.name, **self._initializer_spec,
+        config = {"dim": self._dim, "key_dtype": self._key_dtype.name,
+                  "value_dtype": self._value_dtype.name, **self._initializer_spec,
                   **kv_creator.table_options(len(devices))}
         base = name.replace("/", "_")
         n = len(devices)
@@ -152,7 +166,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                                  f"{base}_mht_{i + 1}of{n}", device=device)
                       for i, device in enumerate(devices)]
         except tf.errors.InvalidArgumentError as e:
-            raise ValueError(f"cannot create the tables of Variable {name!r}: {e.message}") from e
+            raise ValueError(f"cannot create the tables of Variable {name!r} (value_dtype "
+                             f"{self._value_dtype.name}): {e.message}") from e
         if self._init_size > 0:
             for shard in shards:
                 Table.attach(shard.table_id).reserve(max(1, self._init_size // n))
@@ -279,7 +294,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return tf.convert_to_tensor(arr.astype(self._key_dtype.as_numpy_dtype))
 
     def _rows(self, values, keys, what: str):
-        """``values`` as float32 rows of shape keys.shape + [dim] (checked statically if known)."""
+        """``values`` as rows of ``value_dtype`` with shape keys.shape + [dim] (checked statically
+        if known). A tensor or array of another dtype raises TypeError (never cast silently)."""
         if isinstance(values, (tf.Tensor, tf.Variable, np.ndarray)):
             dtype = tf.as_dtype(values.dtype)
             if dtype != self._value_dtype:
@@ -295,8 +311,6 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         if not values.shape.is_compatible_with(want):
             raise ValueError(f"{what} have shape {values.shape}, expected keys.shape + [dim] = "
                              f"{want}")
-        if values.dtype != tf.float32:
-            values = tf.cast(values, tf.float32)
         return values
 
     # ---- sharding --------------------------------------------------------------------------------
@@ -309,15 +323,17 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return parts, positions, keys
 
     def _find_flat(self, flat_keys):
-        """(rows [n, dim] float32, exists [n]) of flat keys, over all shards (or the replica's
+        """(rows [n, dim] in value_dtype, exists [n]) of flat keys, over all shards (or the replica's
         own, see ``replica_shards``)."""
         local = replica_shards.local_shard(self, flat_keys)
         if local is not None:
-            return ops.find(self._tables[local[0]].resource, local[1], self._dim)
+            return ops.find(self._tables[local[0]].resource, local[1], self._dim,
+                            self._value_dtype)
         if len(self._tables) == 1:
-            return ops.find(self._tables[0].resource, flat_keys, self._dim)
+            return ops.find(self._tables[0].resource, flat_keys, self._dim, self._value_dtype)
         parts, positions, keys = self._partition(flat_keys)
-        results = [ops.find(t.resource, k, self._dim) for t, k in zip(self._tables, keys)]
+        results = [ops.find(t.resource, k, self._dim, self._value_dtype)
+                   for t, k in zip(self._tables, keys)]
         rows = tf.dynamic_stitch(positions, [r[0] for r in results])
         exists = tf.dynamic_stitch(positions, [r[1] for r in results])
         return rows, exists
@@ -356,7 +372,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
     def _out(self, rows, keys):
         rows = tf.reshape(rows, tf.concat([tf.shape(keys), [self._dim]], 0))
         rows.set_shape(keys.shape.concatenate([self._dim]))
-        return rows if self._value_dtype == tf.float32 else tf.cast(rows, self._value_dtype)
+        return rows
 
     # ---- TFRA API -------------------------------------------------------------------------------
     def lookup(self, keys, return_exists=False, name=None):
@@ -365,9 +381,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         ``keys.shape`` telling which keys exist."""
         keys = self._keys(keys)
         if len(self._tables) == 1:  # any shape goes straight through
-            rows, exists = ops.find(self._tables[0].resource, keys, self._dim)
-            if self._value_dtype != tf.float32:
-                rows = tf.cast(rows, self._value_dtype)
+            rows, exists = ops.find(self._tables[0].resource, keys, self._dim, self._value_dtype)
         else:
             rows, exists = self._find_flat(self._flat(keys))
             rows = self._out(rows, keys)
@@ -398,6 +412,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             raise TypeError(f"exists must be bool, got {exists.dtype.name}")
         if not exists.shape.is_compatible_with(keys.shape):
             raise ValueError(f"exists has shape {exists.shape}, expected keys' {keys.shape}")
+        # In value_dtype, as TFRA: integer deltas wrap like the core's integer add, so the row
+        # still ends at new_values.
         deltas = tf.where(exists[..., None], new_values - old_values, new_values)
         if len(self._tables) == 1:
             return ops.accum(self._tables[0].resource, keys, deltas, exists)
@@ -434,11 +450,10 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
     def export(self, name=None):
         """(keys [n], values [n, dim]) of every shard, concatenated (order unspecified)."""
-        pages = [ops.export_table(t.resource, self._key_dtype, self._dim) for t in self._tables]
+        pages = [ops.export_table(t.resource, self._key_dtype, self._dim, self._value_dtype)
+                 for t in self._tables]
         keys = tf.concat([p["keys"] for p in pages], 0)
         values = tf.concat([p["values"] for p in pages], 0)
-        if self._value_dtype != tf.float32:
-            values = tf.cast(values, self._value_dtype)
         return keys, values
 
     def restrict(self, num_reserved, **kwargs):
@@ -505,6 +520,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
     # ---- optimizer attachment (DynamicEmbeddingOptimizer) ------------------------------------
     def _attach_optimizer(self, spec: dict, spec_text: str, owner) -> None:
+        check_trainable_dtype(self)
         if self._optimizer_owner is not None:
             current = self._optimizer_owner()
             if current is not None and current is not owner and self._optimizer_spec != spec:

@@ -39,8 +39,14 @@ FORMAT_VERSION = 2
 # optimizer is not attached yet.
 FIELDS = ("keys", "values", "slots", "last_update", "update_count")
 META = "meta"
-DTYPES = {"keys": tf.int64, "values": tf.float32, "slots": tf.float32,
-          "last_update": tf.int64, "update_count": tf.int64, META: tf.string}
+
+
+def dtypes_of(var) -> dict:
+    """The dtype of each saved tensor: keys int64 whatever the key dtype, values and slots in the
+    Variable's value dtype (as the tables store them, so integer and float64 rows stay exact)."""
+    value_dtype = tf.as_dtype(var.value_dtype)
+    return {"keys": tf.int64, "values": value_dtype, "slots": value_dtype,
+            "last_update": tf.int64, "update_count": tf.int64, META: tf.string}
 
 
 # ---- facts about a Variable -----------------------------------------------------------------------
@@ -140,9 +146,7 @@ def check_compatible(facts: dict, meta: dict, where: str) -> None:
 
 def check_entry(var, entry: dict, where: str) -> None:
     """check_compatible against a table entry of a common-format manifest."""
-    # Tables store float32 whatever the variable's value_dtype (cast at the boundary), and the
-    # checkpoint loader checks the stored value dtype itself.
-    facts = dict(var_facts(var), value_dtype=entry.get("value_dtype"))
+    facts = var_facts(var)
     meta = {"dim": entry.get("dim"), "key_dtype": entry.get("key_dtype"),
             "value_dtype": entry.get("value_dtype")}
     check_compatible(facts, meta, f"{where}, table {entry.get('name')!r}")
@@ -173,7 +177,8 @@ def export_tensors(var) -> dict:
     kd = tf_key_dtype(var)
     parts = []
     for handle in _shard_handles(var):
-        parts.append(ops.export_table(handle, key_dtype=kd, dim=facts["dim"]))
+        parts.append(ops.export_table(handle, key_dtype=kd, dim=facts["dim"],
+                                      value_dtype=tf.as_dtype(var.value_dtype)))
         if len(parts) == 1:
             description = ops.describe(handle)
 
@@ -194,6 +199,12 @@ def eager_checks(facts: dict, restored: dict, where: str) -> None:
     (description, dim, dtypes, shapes, the saved optimizer's slot count, int32 key range)."""
     meta = parse_meta(restored[META], where)
     check_compatible(facts, meta, where)
+    for f in ("values", "slots"):
+        got = tf.as_dtype(restored[f].dtype).name
+        if got != facts["value_dtype"]:
+            raise CheckpointError(f"{where}: tensor {f!r} has dtype {got}, but the variable's "
+                                  f"value dtype is {facts['value_dtype']} (a checkpoint written "
+                                  "by a dualemb that stored every value dtype as float32?)")
     n = int(tf.shape(restored["keys"])[0])
     dim = facts["dim"]
     for f, want in (("values", (n, dim)), ("last_update", (n,)), ("update_count", (n,))):

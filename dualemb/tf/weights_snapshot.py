@@ -77,6 +77,9 @@ def restore(variable, snap) -> None:
         if data["keys"].dtype != table.key_dtype:
             raise ValueError(f"the snapshot of {snap.source!r} has {data['keys'].dtype} keys; "
                              f"{variable.name!r} has {table.key_dtype} keys")
+        if data["values"].dtype != table.value_dtype:  # never converted silently
+            raise ValueError(f"the snapshot of {snap.source!r} has {data['values'].dtype} values; "
+                             f"{variable.name!r} has {table.value_dtype} values")
     for table, data in zip(tables, snap.shards):
         # Slots travel only between tables trained by the same kind of optimizer; otherwise the
         # rows are restored and their slots start from the optimizer's initial values.

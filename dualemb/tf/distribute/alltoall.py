@@ -169,7 +169,7 @@ def lookup_rows(params, flat_ids, name: str, exchange: Exchange, replica: int,
         keys, key_index = tf.unique(owned_ids)
     else:
         keys, key_index = owned_ids, None
-    rows, _ = ops.find(local.resource, keys, dim)
+    rows, _ = ops.find(local.resource, keys, dim, params.value_dtype)
     if params.trainable and modes.is_training():
         rows = attach_gradient(params.trainable_wrapper(name), rows, keys)
     if key_index is not None:

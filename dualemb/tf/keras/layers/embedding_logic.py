@@ -22,7 +22,8 @@ from dualemb.tf import creators as de_creators
 from dualemb.tf import policies as de_policies
 from dualemb.tf.distribute import alltoall, replica_shards
 from dualemb.tf.lookup import embedding_lookup, embedding_lookup_unique
-from dualemb.tf.variable import Variable, default_partition_fn
+from dualemb.tf.row_lookup import compute_dtype
+from dualemb.tf.variable import Variable, check_trainable_dtype, default_partition_fn
 
 POOLING = ("sum", "mean", "max", "min")
 SEGMENT = ("sum", "mean", "sqrtn")
@@ -140,6 +141,10 @@ class EmbeddingLogic:
         self._shadow_name = f"{name}-shadow"
 
     def build(self, input_shape=None):
+        if self.trainable:
+            # An integer or float64 table cannot be trained by the core's fused optimizers: say
+            # so now, not at the first optimizer step.
+            check_trainable_dtype(self.params)
         self.shadow = self._make_anchor()
         self.built = True
 
@@ -201,7 +206,7 @@ class EmbeddingLogic:
             rows = tf.clip_by_norm(rows, self.max_norm, axes=[1])
         out = tf.reshape(rows, tf.concat([tf.shape(values), [self.embedding_size]], 0))
         out.set_shape(values.shape.concatenate([self.embedding_size]))
-        if self.value_dtype != tf.float32:
+        if out.dtype != self.value_dtype:
             out = tf.cast(out, self.value_dtype)
         return ids.with_flat_values(out) if isinstance(ids, tf.RaggedTensor) else out
 
@@ -327,14 +332,14 @@ class FieldWiseLogic(EmbeddingLogic):
             flat_ids = tf.reshape(ids, [-1])
             rows_of = tf.repeat(tf.range(batch), width)
         emb = self._lookup(flat_ids)
-        emb = tf.cast(emb, tf.float32)
+        emb = tf.cast(emb, compute_dtype(self.value_dtype))
         slots = tf.cast(self._slots(flat_ids), tf.int64)
         segments = tf.cast(rows_of, tf.int64) * self.nslots + slots
         num = tf.cast(batch, tf.int64) * self.nslots
         pooled = {"sum": tf.math.unsorted_segment_sum, "mean": tf.math.unsorted_segment_mean,
                   "sqrtn": tf.math.unsorted_segment_sqrt_n}[self.combiner](emb, segments, num)
         out = tf.reshape(pooled, [-1, self.nslots, self.embedding_size])
-        out = out if self.value_dtype == tf.float32 else tf.cast(out, self.value_dtype)
+        out = out if out.dtype == self.value_dtype else tf.cast(out, self.value_dtype)
         return self._to_compute_dtype(out)
 
     def compute_output_shape(self, input_shape):
