@@ -138,11 +138,15 @@ def test_bad_variable_arguments():
 
 
 def test_unwrappable_optimizer_names_the_supported_ones():
+    # TF1 Momentum's update differs from every fused optimizer's: refused, naming what wraps.
     with pytest.raises(TypeError) as info:
-        de.DynamicEmbeddingOptimizer(tf.compat.v1.train.GradientDescentOptimizer(0.1))
-    for name in ("SGD", "Adam", "AdamW", "Adagrad", "Adamax", "Nadam", "RMSprop", "Ftrl",
-                 "Adadelta", "Lion"):
-        assert f"keras.optimizers.{name}" in str(info.value)
+        de.DynamicEmbeddingOptimizer(tf.compat.v1.train.MomentumOptimizer(0.1, 0.9))
+    msg = str(info.value)
+    assert "MomentumOptimizer" in msg
+    for name in ("GradientDescentOptimizer", "AdamOptimizer", "AdagradOptimizer"):
+        assert f"tf.compat.v1.train.{name}" in msg or name in msg
+    for name in ("SGD", "Nadam", "RMSprop", "Ftrl", "Adadelta", "Lion"):
+        assert name in msg
 
 
 def test_checkpoint_of_another_dim_or_dtype_is_refused(tmp_path, var):
