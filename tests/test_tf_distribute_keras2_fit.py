@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -122,3 +123,75 @@ def test_fit_two_workers_apply_every_step_once(tmp_path):
 
     assert any(matches(n) for n in range(STEPS + 1)), \
         "no split of the 12 steps between the workers gives the trained rows"
+
+
+def one_batch_gradient():
+    """key -> d(loss)/d(row) of the linear model on the first batch (the same in every dimension):
+    the sum of the labels of the examples the key occurs in, once per occurrence."""
+    ids, labels = batch_list()[0]
+    grad = {}
+    for example, y in zip(ids, labels[:, 0]):
+        for k in example:
+            grad[int(k)] = grad.get(int(k), 0.0) + float(y)
+    return grad
+
+
+@pytest.mark.timeout(400)
+def test_fit_step_applied_again_when_its_workers_die_after_the_update(tmp_path):
+    """fit's 5th step to run, once its updates reached the PS tasks, writes a marker and pauses
+    on its worker; the test kills both workers then and restarts them on their ports. The
+    coordinator retries the closures it lost, fit completes, and wait_for_recovery lets the chief
+    exit. Every step feeds the same batch to the linear model with SGD, so each shard's rows are
+    init - lr * m * g with m the number of applications on that shard: TF's at-least-once retry
+    gives m >= 13 (12 steps, the paused one twice), and at most one more application per failed
+    attempt (the other worker's step in flight, a retry failing again during the recovery: the
+    custom-loop test saw 3 applications). Checked exactly per shard: every key's update_count is
+    m, and every row moved by exactly m gradient steps."""
+    single = run_job(tmp_path / "single.npz", "--model", "linear", "--optimizer", "sgd",
+                     "--same-batch")
+    initial = {int(k): r for k, r in zip(single["initial_keys"], single["initial_rows"])}
+    grad = one_batch_gradient()
+    for k, (v, _, c) in shards(single).items():  # the reference is right in one process
+        assert c == STEPS
+        np.testing.assert_allclose(v, initial[k] - LR * STEPS * grad[k], rtol=1e-5, atol=1e-5)
+
+    marker = tmp_path / "marker"
+    with LocalCluster(num_workers=2, num_ps=2, env=ENV) as cluster:
+        chief = subprocess.Popen(
+            [sys.executable, JOB, "--out", str(tmp_path / "ps.npz"), "--model", "linear",
+             "--optimizer", "sgd", "--same-batch", "--pause-step", "5", "--marker", str(marker),
+             "--cluster", json.dumps(cluster.spec)],
+            env=ENV, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not marker.exists():
+                if chief.poll() is not None:
+                    raise AssertionError(chief.stderr.read()[-4000:])
+                assert time.monotonic() < deadline, "fit never reached the paused step"
+                time.sleep(0.05)
+            for task in (0, 1):  # the paused step's worker among them
+                cluster.kill("worker", task)
+            time.sleep(2)
+            for task in (0, 1):
+                cluster.restart("worker", task)  # TF reconnects to them at the same address
+            _, err = chief.communicate(timeout=150)
+            assert chief.returncode == 0, err[-4000:]
+        finally:
+            if chief.poll() is None:
+                chief.kill()
+                chief.wait(timeout=30)
+        state = dict(np.load(tmp_path / "ps.npz"))
+    assert "failed with UnavailableError" in err  # the fault path ran
+    got = shards(state)
+    assert set(got) == set(grad)  # no row lost
+    applied = []
+    for i in range(int(state["num_shards"])):
+        counts = {int(c) for c in state[f"shard{i}_update_count"]}
+        assert len(counts) == 1, f"shard {i}: keys of one batch updated unequally: {counts}"
+        m = counts.pop()
+        assert STEPS + 1 <= m <= STEPS + 3, f"shard {i} applied {m} steps"
+        applied.append(m)
+        for k in state[f"shard{i}_keys"]:
+            np.testing.assert_allclose(got[int(k)][0], initial[int(k)] - LR * m * grad[int(k)],
+                                       rtol=1e-5, atol=1e-5, err_msg=f"row {k}")
+    print(f"steps applied per shard: {applied}, iterations {int(state['iterations'])}")
