@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -195,3 +196,39 @@ def test_fit_step_applied_again_when_its_workers_die_after_the_update(tmp_path):
             np.testing.assert_allclose(got[int(k)][0], initial[int(k)] - LR * m * grad[int(k)],
                                        rtol=1e-5, atol=1e-5, err_msg=f"row {k}")
     print(f"steps applied per shard: {applied}, iterations {int(state['iterations'])}")
+
+
+@pytest.mark.timeout(400)
+def test_fit_fails_clearly_when_a_ps_dies(tmp_path):
+    """A PS dies during fit (after fit's 5th step updated it): TF does not retry PS failures (the
+    rows it held are gone), so fit raises UnavailableError naming the PS's address within a
+    bounded time, and the chief exits with an error instead of hanging or finishing as if
+    nothing happened. (Restarting from a checkpoint is the custom loop's test: same
+    coordinator.)"""
+    marker = tmp_path / "marker"
+    with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
+        chief = subprocess.Popen(
+            [sys.executable, JOB, "--out", str(tmp_path / "ps.npz"), "--model", "linear",
+             "--optimizer", "sgd", "--same-batch", "--pause-step", "5", "--marker", str(marker),
+             "--cluster", json.dumps(cluster.spec)],
+            env=ENV, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120
+            while not marker.exists():
+                if chief.poll() is not None:
+                    raise AssertionError(chief.stderr.read()[-4000:])
+                assert time.monotonic() < deadline, "fit never reached the paused step"
+                time.sleep(0.05)
+            cluster.kill("ps", 1)
+            _, err = chief.communicate(timeout=150)
+        finally:
+            if chief.poll() is None:
+                chief.kill()
+                chief.wait(timeout=30)
+    assert chief.returncode != 0
+    assert not (tmp_path / "ps.npz").exists()  # it did not finish as if nothing happened
+    raised = [ln for ln in err.splitlines() if re.match(r"\S*Error: ", ln)]  # the traceback's
+    assert raised and "UnavailableError" in raised[-1], err[-4000:]
+    message = err[err.index(raised[-1]):]
+    message = message[:message.find("[Op:")]  # the exception's text, not TF's exit-time logs
+    assert cluster.spec["ps"][1] in message and "/job:ps/replica:0/task:1" in message, message
