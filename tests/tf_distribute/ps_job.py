@@ -92,9 +92,14 @@ class Job:
         grads = tape.gradient(loss, variables)
         self.optimizer.apply(grads, variables, step=None if self.omit_step else step)
         if self.pause_step:
-            # Stateful ops run in program order inside a tf.function: after the updates.
-            paused = tf.cond(tf.equal(step, self.pause_step), self._pause,
-                             lambda: tf.constant(0.0, tf.float64))
+            # tf.function orders ops on one resource in program order, but not ops on different
+            # resources (nor the cond, which has none) with each other: without reading every
+            # shard after its update, the pause could start before the updates ran, and the
+            # test's kill land before they reach the PS.
+            shards_read = [ops.table_size(s.resource) for s in self.embedding.params.tables]
+            with tf.control_dependencies(shards_read):
+                paused = tf.cond(tf.equal(step, self.pause_step), self._pause,
+                                 lambda: tf.constant(0.0, tf.float64))
             with tf.control_dependencies([paused]):
                 loss = tf.identity(loss)
         return loss
