@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dualemb_core.h"
+#include "c_api_strings.h"
 #include "config.h"
 #include "memory_block.h"
 #include "registry.h"
@@ -44,7 +45,9 @@ void require_out(const void* p, const char* name) {
   if (p == nullptr) throw std::invalid_argument(std::string(name) + " pointer is null");
 }
 
-const char* dtype_name(int32_t d) { return d == DE_KEY_INT64 ? "int64" : d == DE_KEY_INT32 ? "int32" : "unknown"; }
+const char* dtype_name(int32_t d) {
+  return d == DE_KEY_INT64 ? "int64" : d == DE_KEY_INT32 ? "int32" : d == DE_KEY_STRING ? "string" : "unknown";
+}
 
 // Keys as int64, widened from int32 when the table's key dtype is int32.
 struct Keys {
@@ -165,6 +168,7 @@ int de_set_num_threads(int64_t id, int32_t n) {
 int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, float* values,
             uint8_t* exists) {
   return guarded("find", [&] {
+    if (key_dtype == DE_KEY_STRING) return dualemb::string_api::find(id, keys, n, values, exists);
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -176,6 +180,8 @@ int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, float* v
 int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n, float* values,
                       uint8_t* exists, int64_t* evicted) {
   return guarded("find_or_insert", [&] {
+    if (key_dtype == DE_KEY_STRING)
+      return set_evicted(evicted, dualemb::string_api::find_or_insert(id, keys, n, values, exists));
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -187,6 +193,8 @@ int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n
 int de_insert_or_assign(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
                         const float* values, int64_t* evicted) {
   return guarded("insert_or_assign", [&] {
+    if (key_dtype == DE_KEY_STRING)
+      return set_evicted(evicted, dualemb::string_api::insert_or_assign(id, keys, n, values));
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -198,6 +206,8 @@ int de_insert_or_assign(int64_t id, int32_t key_dtype, const void* keys, int64_t
 int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const float* deltas,
              const uint8_t* exists, int64_t* evicted) {
   return guarded("accum", [&] {
+    if (key_dtype == DE_KEY_STRING)
+      return set_evicted(evicted, dualemb::string_api::accum(id, keys, n, deltas, exists));
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -209,6 +219,7 @@ int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const f
 
 int de_erase(int64_t id, int32_t key_dtype, const void* keys, int64_t n) {
   return guarded("erase", [&] {
+    if (key_dtype == DE_KEY_STRING) return dualemb::string_api::erase(id, keys, n);
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -217,7 +228,10 @@ int de_erase(int64_t id, int32_t key_dtype, const void* keys, int64_t n) {
 }
 
 int de_clear(int64_t id) {
-  return guarded("clear", [&] { dualemb::get_table(id)->clear(); });
+  return guarded("clear", [&] {
+    if (dualemb::string_api::is_string_table(id)) return dualemb::string_api::clear(id);
+    dualemb::get_table(id)->clear();
+  });
 }
 
 int de_size(int64_t id, int64_t* out) {
@@ -235,6 +249,8 @@ int de_reserve(int64_t id, int64_t n) {
 int de_apply_gradients(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
                        const float* grads, float lr, int64_t step, int64_t* evicted) {
   return guarded("apply_gradients", [&] {
+    if (key_dtype == DE_KEY_STRING)
+      return set_evicted(evicted, dualemb::string_api::apply_gradients(id, keys, n, grads, lr, step));
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -247,6 +263,17 @@ int de_apply_gradients(int64_t id, int32_t key_dtype, const void* keys, int64_t 
 int de_restrict(int64_t id, int64_t num_reserved, int32_t policy, int32_t key_dtype,
                 const void* keys, const float* scores, int64_t n, int64_t* removed) {
   return guarded("restrict", [&] {
+    if (dualemb::string_api::is_string_table(id) &&
+        (policy != DE_RESTRICT_CUSTOM || key_dtype == DE_KEY_STRING)) {
+      if (num_reserved < 0) throw std::invalid_argument("num_reserved must be >= 0");
+      if (policy < DE_RESTRICT_RECENCY || policy > DE_RESTRICT_CUSTOM)
+        throw std::invalid_argument("unknown restrict policy " + std::to_string(policy));
+      int64_t r = dualemb::string_api::restrict_rows(id, num_reserved, policy, keys, scores, n);
+      if (removed) *removed = r;
+      return;
+    }
+    if (key_dtype == DE_KEY_STRING && policy == DE_RESTRICT_CUSTOM)
+      dualemb::string_api::find(id, nullptr, 0, nullptr, nullptr);  // throws: not a string table
     auto t = dualemb::get_table(id);
     if (num_reserved < 0) throw std::invalid_argument("num_reserved must be >= 0");
     if (policy < DE_RESTRICT_RECENCY || policy > DE_RESTRICT_CUSTOM)
@@ -266,6 +293,13 @@ int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void
               float* values, float* slots, int32_t num_slots, int64_t* last_update,
               int64_t* update_count, int64_t* out_n) {
   return guarded("export", [&] {
+    if (key_dtype == DE_KEY_STRING && keys) {
+      int64_t n = dualemb::string_api::export_rows(id, offset, limit,
+                                                   static_cast<de_string_keys_out*>(keys), values,
+                                                   slots, num_slots, last_update, update_count);
+      if (out_n) *out_n = n;
+      return;
+    }
     auto t = dualemb::get_table(id);
     if (offset < 0 || limit < 0) throw std::invalid_argument("offset and limit must be >= 0");
     if (keys && key_dtype != t->key_dtype())
@@ -296,6 +330,8 @@ int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const 
               const float* slots, int32_t num_slots, const int64_t* last_update,
               const int64_t* update_count, int64_t* evicted) {
   return guarded("import", [&] {
+    if (key_dtype == DE_KEY_STRING)
+      return set_evicted(evicted, dualemb::string_api::import_rows(id, keys, n, values, slots, num_slots, last_update, update_count));
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -329,12 +365,28 @@ int de_memory_bytes(int64_t id, int64_t* out) {
 int de_initial_values(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
                       float* values) {
   return guarded("initial values", [&] {
+    if (key_dtype == DE_KEY_STRING) return dualemb::string_api::initial_values(id, keys, n, values);
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
     require(values, n, "values");
     t->initial_values(k.data, n, values);
   });
+}
+
+// ---- string keys (c_api_strings.cc) ----------------------------------------------------------
+
+int64_t de_string_fingerprint(const char* bytes, int64_t len) {
+  return dualemb::string_fingerprint(bytes, len > 0 && bytes ? static_cast<size_t>(len) : 0);
+}
+
+int de_string_keys_stats(int64_t id, int64_t* entries, int64_t* key_bytes) {
+  return guarded("string keys stats",
+                 [&] { dualemb::string_api::stats(id, entries, key_bytes); });
+}
+
+int de_testing_string_id_bits(int32_t bits) {
+  return guarded("testing string id bits", [&] { dualemb::set_testing_string_id_bits(bits); });
 }
 
 }  // extern "C"

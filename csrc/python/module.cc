@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "dualemb_core.h"
+#include "string_keys.h"
 
 namespace py = pybind11;
 
@@ -42,12 +43,17 @@ struct KeyView {
   const void* ptr;
   int64_t n;
   int32_t dtype;
+  std::shared_ptr<const de_string_keys> strings = nullptr;  // owns what ptr points at
 };
 
 KeyView key_view(const py::array& keys) {
   if (!(keys.flags() & py::array::c_style))
     throw py::value_error("keys must be C-contiguous");
   py::dtype dt = keys.dtype();
+  if (dt.kind() == 'O') {  // string keys: an object array of bytes
+    auto packed = dualemb_py::pack_string_keys(keys);
+    return {packed.get(), static_cast<int64_t>(keys.size()), DE_KEY_STRING, packed};
+  }
   int32_t code;
   if (dt.is(py::dtype::of<int64_t>())) code = DE_KEY_INT64;
   else if (dt.is(py::dtype::of<int32_t>())) code = DE_KEY_INT32;
@@ -121,6 +127,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "Low-level bindings of libdualemb_core (use dualemb.core.Table instead).";
 
   m.def("version", [] { return std::string(de_version()); });
+  dualemb_py::bind_string_keys(m);
   m.def("create", [](int64_t id, const std::string& config) {
     int64_t out;
     check(de_table_create(id, config.c_str(), &out));

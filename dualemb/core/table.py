@@ -33,13 +33,17 @@ from typing import Iterator
 import numpy as np
 
 from dualemb._native import load_extension
+from dualemb.core import _string_keys
 from dualemb.core import initializers as _inits
 from dualemb.core import optimizers as _opts
 from dualemb.core.spec import parse_description, to_spec
 
 _core = load_extension("_core")
 
-KEY_DTYPES = {"int64": np.dtype(np.int64), "int32": np.dtype(np.int32)}
+# String keys are held as an object array of bytes (dualemb/core/_string_keys.py).
+KEY_DTYPES = {"int64": np.dtype(np.int64), "int32": np.dtype(np.int32),
+              "string": np.dtype(object)}
+_KEY_DTYPE_CODES = {0: "int64", 1: "int32", 2: "string"}  # dualemb_core.h DE_KEY_*
 _POLICIES = {"recency": 0, "frequency": 1}
 
 
@@ -51,11 +55,11 @@ def _count(x, name: str) -> int:
     return int(x)
 
 
-def _key_dtype(key_dtype) -> np.dtype:
+def _key_dtype_name(key_dtype) -> str:
     name = np.dtype(key_dtype).name if not isinstance(key_dtype, str) else key_dtype
     if name not in KEY_DTYPES:
-        raise TypeError(f"unsupported key dtype {name!r} (supported: int64, int32)")
-    return KEY_DTYPES[name]
+        raise TypeError(f"unsupported key dtype {name!r} (supported: int64, int32, string)")
+    return name
 
 
 def _backend_members(backend) -> dict:
@@ -74,7 +78,9 @@ class Table:
 
     Args:
       dim: length of each row (>= 1).
-      key_dtype: "int64" (default) or "int32".
+      key_dtype: "int64" (default), "int32" or "string" (keys are byte strings compared by
+        their bytes; str keys are UTF-8 encoded; export returns an object array of bytes; see
+        dualemb/core/_string_keys.py).
       initializer: row a missing key reads as, and a new key starts from: None (zeros), a number,
         an array of length dim or 1, or a ``dualemb.core.initializers`` spec.
       optimizer: optional ``dualemb.core.optimizers`` spec (dict, JSON text, or a name); its
@@ -97,11 +103,11 @@ class Table:
                  backend=None):
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim <= 0:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
-        kd = _key_dtype(key_dtype)
+        kd = _key_dtype_name(key_dtype)
         if np.dtype(value_dtype) != np.float32:
             raise TypeError(f"unsupported value dtype {value_dtype!r} (supported: float32)")
         init = _inits.canonical(initializer)
-        config = {"dim": int(dim), "key_dtype": kd.name, **init}
+        config = {"dim": int(dim), "key_dtype": kd, **init}
         if capacity:
             config.update(capacity=int(capacity), evict_policy=evict_policy)
         if num_threads:
@@ -136,7 +142,8 @@ class Table:
         # Only the immutable facts are cached: another handle may change the optimizer.
         dim, kd, _ = _core.dims(self._id)
         self._dim = int(dim)
-        self._key_dtype = np.dtype(np.int64) if kd == 0 else np.dtype(np.int32)
+        self._key_dtype_name = _KEY_DTYPE_CODES[int(kd)]
+        self._key_dtype = KEY_DTYPES[self._key_dtype_name]
         self._evicted = threading.local()
 
     def _record_evicted(self, n: int) -> int:
@@ -159,7 +166,19 @@ class Table:
 
     @property
     def key_dtype(self) -> np.dtype:
+        """int64, int32, or object for a string table (see key_dtype_name)."""
         return self._key_dtype
+
+    @property
+    def key_dtype_name(self) -> str:
+        """"int64", "int32" or "string" (the name the config and checkpoints use)."""
+        return self._key_dtype_name
+
+    def string_keys_stats(self) -> tuple[int, int]:
+        """A string table's key map: (strings held, their total bytes). Strings whose rows
+        were evicted by the capacity are dropped in amortised passes, so this stays within
+        about 2 * size() + 1024 strings."""
+        return tuple(_core.string_keys_stats(self._id))
 
     @property
     def num_slots(self) -> int:
@@ -195,12 +214,15 @@ class Table:
 
     # ---- argument checks ---------------------------------------------------------------------
     def _keys(self, keys) -> np.ndarray:
+        if self._key_dtype_name == _string_keys.STRING:
+            return _string_keys.as_string_keys(keys)
         if isinstance(keys, (list, tuple)) and np.size(keys) == 0:
             # [] is an empty batch (numpy alone would make it float64).
             keys = np.asarray(keys, self._key_dtype)
         arr = np.asarray(keys)
         if arr.dtype.kind not in "iu":
-            raise TypeError(f"keys must be integers, got dtype {arr.dtype}")
+            raise TypeError(f"keys must be integers, got dtype {arr.dtype} (this table has "
+                            f"{self._key_dtype_name} keys)")
         if arr.dtype != self._key_dtype:
             if arr.size and self._key_dtype == np.int32 and (
                     arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
@@ -322,6 +344,8 @@ class Table:
         if limit is None:
             limit = max(0, self.size() - offset)
         limit = _count(limit, "limit")
+        if self._key_dtype_name == _string_keys.STRING:
+            return self._export_strings(offset, limit)
         keys = np.empty(limit, self._key_dtype)
         values = np.empty((limit, self._dim), np.float32)
         last = np.empty(limit, np.int64)
@@ -337,6 +361,27 @@ class Table:
                 if "slots buffer sized for" not in str(e) or attempt == 2:
                     raise
         return {"keys": keys[:n], "values": values[:n], "slots": slots[:n],
+                "last_update": last[:n], "update_count": count[:n]}
+
+    def _export_strings(self, offset: int, limit: int) -> dict:
+        # As export, with the keys as an object array of bytes (one call: rows and keys are read
+        # together under the table's string lock).
+        values = np.empty((limit, self._dim), np.float32)
+        last = np.empty(limit, np.int64)
+        count = np.empty(limit, np.int64)
+        for attempt in range(3):
+            ns = self.num_slots
+            slots = np.empty((limit, ns, self._dim), np.float32)
+            try:
+                n, keys = _core.export_page_strings(self._id, offset, limit, values, slots, ns,
+                                                    last, count)
+                break
+            except ValueError as e:
+                if "slots buffer sized for" not in str(e) or attempt == 2:
+                    raise
+        key_array = np.empty(n, object)
+        key_array[:] = keys
+        return {"keys": key_array, "values": values[:n], "slots": slots[:n],
                 "last_update": last[:n], "update_count": count[:n]}
 
     def export_pages(self, page_size: int = 1 << 16) -> Iterator[dict]:
@@ -414,4 +459,5 @@ class Table:
         _core.destroy(self._id)
 
     def __repr__(self) -> str:
-        return f"Table(id={self._id}, dim={self._dim}, key_dtype={self._key_dtype.name}, size={self.size()})"
+        return (f"Table(id={self._id}, dim={self._dim}, key_dtype={self._key_dtype_name}, "
+                f"size={self.size()})")
