@@ -40,8 +40,6 @@ def as_string_keys(keys) -> np.ndarray:
     if isinstance(keys, np.ndarray):
         arr = keys
     else:
-        if isinstance(keys, (list, tuple)) and np.size(keys) == 0:
-            return np.empty(np.shape(keys), object)
         # dtype=object: numpy's own S/U conversion would drop trailing NULs.
         arr = np.array(keys, dtype=object)
     if arr.dtype.kind not in "SUO":
