@@ -217,3 +217,31 @@ def test_export_pages_and_import_round_trip():
 def test_redis_backend_refuses_string_keys():
     with pytest.raises(ValueError, match="does not support key_dtype 'string'"):
         Table(2, key_dtype="string", backend={"redis": {"name": "t"}})
+
+
+def test_jax_refuses_string_keys_and_names_the_host_helper(tmp_path):
+    dej = pytest.importorskip("dualemb.jax", reason="JAX front end not importable")
+    from dualemb.core import checkpoint
+
+    t = dej.create(2, initializer={"initializer": "normal", "seed": 7})
+    for bad in (["a", "b"], np.array([b"a"]), "a", np.array(["a"], dtype=object)):
+        with pytest.raises(TypeError, match="string_ids"):
+            dej.lookup(t, bad)
+    with pytest.raises(TypeError, match="string_ids"):
+        dej.create(2, key_dtype="string")
+    core = Table(2, key_dtype="string")
+    with pytest.raises(TypeError, match="string keys"):
+        dej.attach(core.id)
+    core.insert_or_assign(["a"], np.ones((1, 2), np.float32))
+    checkpoint.save(tmp_path / "ck", {"emb": core})
+    with pytest.raises(TypeError, match="string keys"):
+        dej.checkpoint.load(tmp_path / "ck")
+    # The documented host-side step: string_ids gives the fingerprints, which JAX takes.
+    keys = ["a", "é", b"\x00"]
+    got = dej.string_ids(keys)
+    assert got.dtype == np.int64
+    assert got.tolist() == [fingerprint(as_bytes(k)) for k in keys]
+    rows = np.asarray(dej.lookup(t, dej.ids(got)))
+    np.testing.assert_array_equal(rows, initial_rows(keys, 2))
+    dej.destroy(t)
+    core.destroy()

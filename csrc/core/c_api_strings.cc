@@ -283,7 +283,7 @@ int64_t apply_gradients(int64_t id, const void* keys, int64_t n, const void* gra
   const std::string d = t.storage->describe();
   static const std::string kNone = ",\"optimizer\":null}";
   if (d.size() >= kNone.size() && d.compare(d.size() - kNone.size(), kNone.size(), kNone) == 0)
-    throw std::invalid_argument("apply_gradients: this table has no optimizer attached");
+    throw std::invalid_argument("this table has no optimizer attached");
   std::vector<int64_t> added;
   auto ids = ids_adding(*t.keys, sv, &added);
   try {

@@ -103,6 +103,18 @@ void bind_string_keys(py::module_& m) {
     std::string s = b;
     return de_string_fingerprint(s.data(), static_cast<int64_t>(s.size()));
   });
+  // Fingerprints of an object array of bytes (any shape), as int64: what a string table's
+  // initial rows follow, and the host-side hashing dualemb.jax.string_ids offers.
+  m.def("string_fingerprints", [](const py::array& keys) {
+    auto packed = pack_string_keys(keys);
+    const int64_t n = static_cast<int64_t>(keys.size());
+    py::array_t<int64_t> out(n);
+    int64_t* o = out.mutable_data();
+    for (int64_t i = 0; i < n; ++i)
+      o[i] = de_string_fingerprint(packed->bytes + packed->offsets[i],
+                                   packed->offsets[i + 1] - packed->offsets[i]);
+    return out;
+  });
   m.def("_testing_string_id_bits", [](int32_t bits) { check(de_testing_string_id_bits(bits)); });
 }
 

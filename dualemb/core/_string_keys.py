@@ -48,3 +48,15 @@ def as_string_keys(keys) -> np.ndarray:
     out = np.empty(len(flat), object)
     out[:] = [_as_bytes(x, i) for i, x in enumerate(flat)]
     return out.reshape(arr.shape)
+
+
+def fingerprints(keys) -> np.ndarray:
+    """int64 fingerprints of string keys (same shape): FNV-1a 64 of the bytes, the splitmix64
+    finalizer, masked to 63 bits (dualemb_core.h, de_string_fingerprint). A string table starts a
+    new key from the initializer row of this int64 key. As ids for an integer table they are a
+    hash: two distinct strings collide with probability about n**2 / 2**64."""
+    from dualemb._native import load_extension  # the extension loads on first use only
+
+    arr = as_string_keys(keys)
+    flat = np.require(arr.reshape(-1), requirements="C")
+    return load_extension("_core").string_fingerprints(flat).reshape(arr.shape)

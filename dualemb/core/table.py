@@ -384,6 +384,23 @@ class Table:
         return {"keys": key_array, "values": values[:n], "slots": slots[:n],
                 "last_update": last[:n], "update_count": count[:n]}
 
+    def export_keys(self, offset: int = 0, limit: int | None = None) -> np.ndarray:
+        """The keys of rows [offset, offset+limit) alone (table order, as in export). For a
+        string table an object array of bytes."""
+        offset = _count(offset, "offset")
+        if limit is None:
+            limit = max(0, self.size() - offset)
+        limit = _count(limit, "limit")
+        if self._key_dtype_name == _string_keys.STRING:
+            _, keys = _core.export_page_strings(self._id, offset, limit, None, None, 0, None, None)
+            out = np.empty(len(keys), object)
+            out[:] = keys
+            return out
+        keys = np.empty(limit, self._key_dtype)
+        n = _core.export_page(self._id, offset, keys, np.empty((limit, self._dim), np.float32),
+                              None, None, None)
+        return keys[:n]
+
     def export_pages(self, page_size: int = 1 << 16) -> Iterator[dict]:
         """Export in pages of at most page_size (>= 1) rows, so a large table is never copied
         whole. A bad page_size raises here, not at the first page."""

@@ -175,6 +175,10 @@ def _plan(path, manifest: dict, name: str, into, optimizer, learning_rate) -> di
     if optimizer is None and into is not None:
         optimizer = into.optimizer
     entry = entries[name]
+    if entry.get("key_dtype") == "string":
+        from dualemb.jax.ids import STRING_KEYS_MESSAGE
+        raise TypeError(f"table {name!r} of the checkpoint at {path} has string keys: "
+                        f"{STRING_KEYS_MESSAGE}")
     metadata = manifest.get("metadata") or {}
     info = dict(metadata.get(META_KEY, {}).get(name, {}))
     info["neutral_learning_rate"] = metadata.get("learning_rates", {}).get(name)

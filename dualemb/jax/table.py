@@ -280,6 +280,9 @@ def create(dim: int, *, key_dtype: str = "int64", initializer=None, optimizer=No
             not 0 <= int(table_id) < 2**63:
         raise ValueError(f"table_id must be a non-negative 63-bit int (0 = a fresh id), got "
                          f"{table_id!r}")
+    if key_dtype == "string":
+        from dualemb.jax.ids import STRING_KEYS_MESSAGE
+        raise TypeError(f"key_dtype='string': {STRING_KEYS_MESSAGE}")
     opt = _optimizer(optimizer)
     fused = opt if isinstance(opt, _opts.Optimizer) else None
     if backend not in (None, "memory") and opt is not None and fused is None:
@@ -312,6 +315,9 @@ def attach(table_id: int, *, optimizer=None, step: int = 0, learning_rate=None) 
     """
     step = check_step(step)
     core = CoreTable.attach(int(table_id))
+    if core.key_dtype_name == "string":
+        from dualemb.jax.ids import STRING_KEYS_MESSAGE
+        raise TypeError(f"table {int(table_id)} has string keys: {STRING_KEYS_MESSAGE}")
     opt = _optimizer(optimizer)
     if opt is None:
         spec = core.optimizer
