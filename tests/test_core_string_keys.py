@@ -245,3 +245,43 @@ def test_jax_refuses_string_keys_and_names_the_host_helper(tmp_path):
     np.testing.assert_array_equal(rows, initial_rows(keys, 2))
     dej.destroy(t)
     core.destroy()
+
+
+def test_threads_share_a_string_table():
+    import threading
+
+    t = Table(4, key_dtype="string", optimizer="sgd", capacity=500)
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        try:
+            for _ in range(40):
+                keys = [f"k{i}" for i in rng.integers(0, 2000, 64)]
+                op = rng.integers(0, 5)
+                if op == 0:
+                    t.find_or_insert(keys)
+                elif op == 1:
+                    t.apply_gradients(keys, np.ones((64, 4), np.float32), 0.1, 1)
+                elif op == 2:
+                    t.erase(keys[:8])
+                elif op == 3:
+                    page = t.export()
+                    assert len(set(page["keys"].tolist())) == len(page["keys"])
+                else:
+                    t.find(keys)
+        except Exception as e:  # reported below, with the thread's seed
+            errors.append((seed, repr(e)))
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in range(6)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    page = t.export()
+    assert len(page["keys"]) == t.size() <= 500
+    assert t.find(page["keys"])[1].all()
+    t.restrict(t.size())  # a restrict drops every string without a row
+    assert t.string_keys_stats()[0] == t.size()
+    t.destroy()
