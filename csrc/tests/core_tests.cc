@@ -365,6 +365,8 @@ static void test_ownership() {
   }
 }
 
+int run_string_key_tests();  // string_keys_tests.cc
+
 int main() {
   test_json_specs_round_trip();
   test_ownership();
@@ -374,6 +376,7 @@ int main() {
   test_null_outputs();
   test_failures_leave_the_table_unchanged();
   test_memory_is_given_back();
+  g_failures += run_string_key_tests();
   if (g_failures) {
     std::fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;
