@@ -142,7 +142,7 @@ class Embedding(keras.layers.Layer):
         if isinstance(values, tf.SparseTensor):
             raise TypeError(f"{type(self).__name__} takes dense or ragged ids, not a SparseTensor")
         values = tf.convert_to_tensor(values)
-        if not values.dtype.is_integer:
+        if not values.dtype.is_integer and not (values.dtype == tf.string == self.key_dtype):
             raise TypeError(f"{type(self).__name__} {self.name!r} got ids of dtype "
                             f"{values.dtype.name}; ids must be integers (declare "
                             f"keras.Input(..., dtype='{self.key_dtype.name}'))")
