@@ -81,3 +81,26 @@ def test_keras_embedding_trains_like_a_dense_variable():
         dense_table.assign_sub(0.1 * tf.convert_to_tensor(g))
     got = layer.params.lookup(tf.constant(vocab)).numpy()
     np.testing.assert_allclose(got, dense_table.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_tf_checkpoint_round_trip_across_shard_counts(tmp_path):
+    v = de.Variable(key_dtype=tf.string, dim=2, initializer=0.0, name="ck_src",
+                    devices=["/CPU:0", "/CPU:0"])
+    keys = tf.constant(["a", "b\x00", "é"])
+    vals = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    v.upsert(keys, vals)
+    path = tf.train.Checkpoint(v=v).save(str(tmp_path / "ck"))
+    w = de.Variable(key_dtype=tf.string, dim=2, initializer=0.0, name="ck_dst")
+    tf.train.Checkpoint(v=w).restore(path)
+    np.testing.assert_array_equal(w.lookup(keys).numpy(), vals.numpy())
+    assert int(w.size()) == 3
+
+    @tf.function
+    def lookup(k):
+        return w.lookup(k)
+
+    np.testing.assert_array_equal(lookup(tf.constant(["é", "zz"])).numpy(), [[5, 6], [0, 0]])
+    ints = de.Variable(dim=2, name="ck_int")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="string"):
+        tf.train.Checkpoint(v=ints).restore(path).assert_consumed()
+    assert int(ints.size()) == 0

@@ -59,7 +59,7 @@ def serialize_variable(var) -> dict:
         # The full name (/job:localhost/.../device:CPU:0): with a short one TF would count a
         # second task and move the whole save into a tf.function.
         device = tf.constant(0).device
-    return {f: tensor_callable.Callable(lambda f=f: lazy.get(f), state.DTYPES[f], device)
+    return {f: tensor_callable.Callable(lambda f=f: lazy.get(f), state.field_dtype(var, f), device)
             for f in state.FIELDS + (state.META,)}
 
 

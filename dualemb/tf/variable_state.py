@@ -40,6 +40,13 @@ DTYPES = {"keys": tf.int64, "values": tf.float32, "slots": tf.float32,
           "last_update": tf.int64, "update_count": tf.int64, META: tf.string}
 
 
+def field_dtype(var, field: str) -> tf.DType:
+    """The dtype a saved field has for ``var``: keys are int64 (int32 keys widened) or strings."""
+    if field == "keys" and tf_key_dtype(var) == tf.string:
+        return tf.string
+    return DTYPES[field]
+
+
 # ---- facts about a Variable -----------------------------------------------------------------------
 
 def shard_ids(var) -> list[int]:
@@ -163,7 +170,8 @@ def export_tensors(var) -> dict:
         return xs[0] if len(xs) == 1 else tf.concat(xs, axis=0)
 
     out = {f: cat(f) for f in FIELDS}
-    out["keys"] = tf.cast(out["keys"], tf.int64)
+    if out["keys"].dtype != tf.string:
+        out["keys"] = tf.cast(out["keys"], tf.int64)
     out[META] = _meta_tensor(facts, description)
     return out
 
@@ -245,7 +253,7 @@ def import_tensors(var, facts: dict, restored: dict, deps: list):
     (the checks of a traced restore). Returns None eagerly, the grouped op in a graph."""
     kd = tf_key_dtype(var)
     with tf.control_dependencies(deps):
-        keys = tf.cast(restored["keys"], kd)
+        keys = tf.identity(restored["keys"]) if kd == tf.string else tf.cast(restored["keys"], kd)
     fields = {"keys": keys, "values": restored["values"], "slots": restored["slots"],
               "last_update": restored["last_update"], "update_count": restored["update_count"]}
     n = len(facts["ids"])
