@@ -84,6 +84,7 @@ void write_initial(const Storage& st, std::string_view s, void* values, int64_t 
 std::vector<int64_t> ids_adding(StringKeys& m, const std::vector<std::string_view>& sv,
                                 std::vector<int64_t>* added) {
   std::vector<int64_t> ids(sv.size());
+  m.reserve_more(sv.size());
   try {
     for (size_t i = 0; i < sv.size(); ++i) {
       bool fresh = false;

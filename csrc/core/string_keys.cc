@@ -34,54 +34,61 @@ StringKeys::StringKeys(int id_bits)
     : id_mask_(id_bits >= 63 ? kNonNegative : ((uint64_t(1) << id_bits) - 1)) {}
 
 int64_t StringKeys::find(std::string_view s) const {
-  auto it = by_string_.find(std::string(s));
+  auto it = by_string_.find(s);
   return it == by_string_.end() ? -1 : it->second;
 }
 
 int64_t StringKeys::find_or_add(std::string_view s, bool* added) {
-  std::string key(s);
-  auto it = by_string_.find(key);
-  if (it != by_string_.end()) {
+  auto found = by_string_.find(s);
+  if (found != by_string_.end()) {
     *added = false;
-    return it->second;
+    return found->second;
   }
   uint64_t id = static_cast<uint64_t>(string_fingerprint(s.data(), s.size())) & id_mask_;
   while (by_id_.count(static_cast<int64_t>(id))) id = (id + 1) & kNonNegative;
-  // Both maps grow before either changes, so a bad_alloc leaves them consistent.
-  by_id_.reserve(by_id_.size() + 1);
-  auto ins = by_string_.emplace(std::move(key), static_cast<int64_t>(id)).first;
-  by_id_.emplace(static_cast<int64_t>(id), &ins->first);
+  auto it = by_id_.emplace(static_cast<int64_t>(id), std::string(s)).first;
+  try {
+    by_string_.emplace(std::string_view(it->second), static_cast<int64_t>(id));
+  } catch (...) {  // keep the two maps consistent
+    by_id_.erase(it);
+    throw;
+  }
   key_bytes_ += static_cast<int64_t>(s.size());
   *added = true;
   return static_cast<int64_t>(id);
 }
 
+void StringKeys::reserve_more(size_t n) {
+  const size_t want = by_id_.size() + n;
+  // Only when growth is due: reserve() to a smaller count could shrink (rehash) the table.
+  if (want > by_id_.bucket_count() * by_id_.max_load_factor()) {
+    by_id_.reserve(want);
+    by_string_.reserve(want);
+  }
+}
+
 const std::string* StringKeys::string_of(int64_t id) const {
   auto it = by_id_.find(id);
-  return it == by_id_.end() ? nullptr : it->second;
+  return it == by_id_.end() ? nullptr : &it->second;
 }
 
 void StringKeys::remove(std::string_view s) {
-  auto it = by_string_.find(std::string(s));
-  if (it == by_string_.end()) return;
-  by_id_.erase(it->second);
-  key_bytes_ -= static_cast<int64_t>(it->first.size());
-  by_string_.erase(it);
+  auto it = by_string_.find(s);
+  if (it != by_string_.end()) remove_id(it->second);
 }
 
 void StringKeys::remove_id(int64_t id) {
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return;
-  const std::string* s = it->second;
+  key_bytes_ -= static_cast<int64_t>(it->second.size());
+  by_string_.erase(std::string_view(it->second));  // before the string it views goes
   by_id_.erase(it);
-  key_bytes_ -= static_cast<int64_t>(s->size());
-  by_string_.erase(*s);
 }
 
 void StringKeys::clear() {
   // Swapped with empty maps so the buckets' memory goes back too.
-  std::unordered_map<std::string, int64_t>().swap(by_string_);
-  std::unordered_map<int64_t, const std::string*>().swap(by_id_);
+  std::unordered_map<std::string_view, int64_t>().swap(by_string_);
+  std::unordered_map<int64_t, std::string>().swap(by_id_);
   key_bytes_ = 0;
 }
 
@@ -90,7 +97,7 @@ void StringKeys::keep_only(const std::vector<int64_t>& live_sorted) {
   for (const auto& e : by_id_)
     if (!std::binary_search(live_sorted.begin(), live_sorted.end(), e.first)) dead.push_back(e.first);
   for (int64_t id : dead) remove_id(id);
-  if (by_string_.empty()) clear();
+  if (by_id_.empty()) clear();
 }
 
 std::vector<int64_t> StringKeys::ids() const {

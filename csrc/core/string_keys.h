@@ -37,6 +37,8 @@ class StringKeys {
   int64_t find(std::string_view s) const;
   // The id of s, adding s with a fresh id if absent (*added says which).
   int64_t find_or_add(std::string_view s, bool* added);
+  // Makes room for n more strings at once (one rehash per batch instead of several).
+  void reserve_more(size_t n);
   // The string of an id, or nullptr.
   const std::string* string_of(int64_t id) const;
   // Drops s / the entry of id (no-op if absent).
@@ -54,9 +56,10 @@ class StringKeys {
  private:
   mutable std::shared_mutex mu_;
   uint64_t id_mask_;
-  // string -> id; nodes are stable, so by_id_ points at the keys held here.
-  std::unordered_map<std::string, int64_t> by_string_;
-  std::unordered_map<int64_t, const std::string*> by_id_;
+  // id -> string; nodes never move, so by_string_'s views of these strings stay valid.
+  std::unordered_map<int64_t, std::string> by_id_;
+  // string (a view of the string in by_id_) -> id: lookups by string_view allocate nothing.
+  std::unordered_map<std::string_view, int64_t> by_string_;
   int64_t key_bytes_ = 0;
 };
 
