@@ -17,8 +17,9 @@ Workloads, for each dim in --dims and batch in --batches, on tables preloaded wi
   lookup_missing   50% present, 50% missing keys, random-normal initializer (TFRA draws
                    RandomNormal([batch, dim]) on every lookup; dualemb computes per-key rows)
 and, for a --ckpt-rows x --ckpt-dim table: checkpoint save/restore time and size (dualemb:
-`dualemb.core.checkpoint.save/load`; TFRA: `tf.train.Checkpoint.write/read` of the Variable,
-plus its FileSystemSaver), and the resident memory (RSS) of each side.
+`dualemb.core.checkpoint.save/load`; dualemb.tf and TFRA: `tf.train.Checkpoint.write/read` of
+the Variable; TFRA also its FileSystemSaver), and the resident memory (RSS) of each side.
+--ckpt-only runs only the checkpoint comparison.
 
 --fit adds a model.fit comparison (--fit-only runs only that): 8 sparse features (ids: Zipf(1.2)
 ranks hashed into [0, 10M), generated from the same seed on both sides and checked by checksum),
@@ -182,17 +183,18 @@ class DualembSide:
         W.trim()
         rss0 = W.rss_mb()["rss"]
         W.reset_peak()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         checkpoint.save(path, {"emb": t})
-        save_s = time.perf_counter() - t0
+        save_s, save_cpu_s = time.perf_counter() - t0, time.process_time() - c0
         save_peak = W.rss_mb()["peak"]
         size = W.dir_bytes(path)
         W.reset_peak()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         checkpoint.load(path, {"emb": t})
-        restore_s = time.perf_counter() - t0
+        restore_s, restore_cpu_s = time.perf_counter() - t0, time.process_time() - c0
         assert t.size() == n
         return {"save_s": save_s, "restore_s": restore_s, "bytes": size,
+                "save_cpu_s": save_cpu_s, "restore_cpu_s": restore_cpu_s,
                 "save_extra_mb": save_peak - rss0, "restore_extra_mb": W.rss_mb()["peak"] - rss0}
 
 
@@ -252,6 +254,33 @@ class DualembTfSide(DualembSide):
                       for a in W.batch(workload, n_present, size, dim, seed * 1000 + j))
                 for j in range(4)]
         return W.time_table_ops(fns, self.batches[key], workload, iters)
+
+    def checkpoint(self, dim, directory):
+        """`tf.train.Checkpoint(emb=var).write/read`, the code TFRA's side runs (tfra_worker)."""
+        tf = self.tf
+        var = self.vars[("zeros", dim)]
+        n = int(var.size())
+        import gc
+        gc.collect()
+        W.trim()
+        rss0 = W.rss_mb()["rss"]
+        W.reset_peak()
+        ckpt = tf.train.Checkpoint(emb=var)
+        prefix = os.path.join(directory, "tf_ckpt")
+        t0, c0 = time.perf_counter(), time.process_time()
+        path = ckpt.write(prefix)
+        save_s, save_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        size = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)
+                   if f.startswith("tf_ckpt"))
+        save_peak = W.rss_mb()["peak"]
+        W.reset_peak()
+        t0, c0 = time.perf_counter(), time.process_time()
+        ckpt.read(path).assert_consumed()
+        restore_s, restore_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+        assert int(var.size()) == n
+        return {"save_s": save_s, "restore_s": restore_s, "bytes": size,
+                "save_cpu_s": save_cpu_s, "restore_cpu_s": restore_cpu_s,
+                "save_extra_mb": save_peak - rss0, "restore_extra_mb": W.rss_mb()["peak"] - rss0}
 
 
 class DualembFitSide:
@@ -343,7 +372,7 @@ def run(args) -> dict:
                                  f"{type(e).__name__}: {e}")
                     log("[note]", notes[-1])
                     del sides[name]
-            for workload in WORKLOADS:
+            for workload in (() if args.ckpt_only else WORKLOADS):
                 for size in args.batches:
                     cell = f"{workload}/d{dim}/b{size}"
                     iters = iters_for(size, args.budget_keys)
@@ -369,7 +398,7 @@ def run(args) -> dict:
                 s.call("drop", dim=dim)
         if args.ckpt_dim not in args.dims or args.rows != args.ckpt_rows:
             if not args.no_ckpt and not args.fit_only:
-                ck = [n for n in ("dualemb", "tfra") if n in sides]
+                ck = [n for n in ("dualemb", "dualemb.tf", "tfra") if n in sides]
                 for name in ck:
                     sides[name].call("setup", dim=args.ckpt_dim, n=args.ckpt_rows, seed=7)
                 run_checkpoint({n: sides[n] for n in ck}, args.ckpt_dim, args, result, notes)
@@ -461,8 +490,8 @@ def run_fit(worker, args, notes) -> dict:
 
 def run_checkpoint(sides, dim, args, result, notes):
     for r in range(args.ckpt_rounds):
-        order = ["dualemb", "tfra"] if r % 2 == 0 else ["tfra", "dualemb"]
-        for name in order:
+        order = [n for n in ("dualemb", "dualemb.tf", "tfra") if n in sides]
+        for name in (order if r % 2 == 0 else order[::-1]):
             d = tempfile.mkdtemp(prefix=f"ckpt_{name}_", dir=args.ckpt_dir)
             try:
                 res = sides[name].call("checkpoint", dim=dim, directory=d)
@@ -472,7 +501,7 @@ def run_checkpoint(sides, dim, args, result, notes):
             except Exception as e:  # noqa: BLE001 (checkpoint API still being written)
                 if name == "tfra":
                     raise
-                msg = f"dualemb checkpoint skipped: {type(e).__name__}: {e}"
+                msg = f"{name} checkpoint skipped: {type(e).__name__}: {e}"
                 if msg not in notes:
                     notes.append(msg)
                     log("[note]", msg)
@@ -483,7 +512,7 @@ def run_checkpoint(sides, dim, args, result, notes):
 def markdown(res: dict) -> str:
     cfg = res["config"]
     cols = [c for c in ("dualemb", "dualemb.tf") if any(c in v for v in res["timings"].values())]
-    if not res["timings"]:
+    if not res["timings"] and not res.get("checkpoint"):
         lines = [f"### dualemb vs TFRA {res['tfra']['tfra_version']} (TF "
                  f"{res['tfra']['tf_version']}): model.fit, {res['machine']['cpus']} CPUs"]
         lines += markdown_fit(res)
@@ -493,12 +522,13 @@ def markdown(res: dict) -> str:
         return "\n".join(lines)
     lines = [f"### dualemb vs TFRA {res['tfra']['tfra_version']} (TF {res['tfra']['tf_version']},"
              f" {res['tfra']['mode']}), {cfg['rows']:,}-key tables, "
-             f"{res['machine']['cpus']} CPUs, {cfg['rounds']} alternating rounds", "",
-             "Time per batch in ms, median (min) over all iterations of all rounds; speed-up ="
-             " TFRA median / dualemb median.", ""]
-    head = "| workload | dim | batch | TFRA ms | " + " | ".join(
-        f"{c} ms | speed-up ({c})" for c in cols) + " |"
-    lines += [head, "|" + "---|" * (head.count("|") - 1)]
+             f"{res['machine']['cpus']} CPUs, {cfg['rounds']} alternating rounds"]
+    if res["timings"]:
+        lines += ["", "Time per batch in ms, median (min) over all iterations of all rounds; "
+                  "speed-up = TFRA median / dualemb median.", ""]
+        head = "| workload | dim | batch | TFRA ms | " + " | ".join(
+            f"{c} ms | speed-up ({c})" for c in cols) + " |"
+        lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for cell, v in res["timings"].items():
         w, d, b = cell.split("/")
         row = (f"| {w} | {d[1:]} | {int(b[1:]):,} | {v['tfra']['median_s'] * 1e3:.2f} "
@@ -519,13 +549,26 @@ def markdown(res: dict) -> str:
         for name, runs in ck.items():
             m = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             label = {"tfra": "TFRA tf.train.Checkpoint",
-                     "dualemb": "dualemb checkpoint"}.get(name, name)
+                     "dualemb": "dualemb checkpoint (common format)",
+                     "dualemb.tf": "dualemb.tf tf.train.Checkpoint"}.get(name, name)
             lines.append(f"| {label} | {m['save_s']:.2f} | {m['restore_s']:.2f} | "
                          f"{m['bytes'] / 2**20:.0f} | {m['save_extra_mb']:.0f} | "
                          f"{m['restore_extra_mb']:.0f} |")
             if "fs_save_s" in m:
                 lines.append(f"| TFRA FileSystemSaver | {m['fs_save_s']:.2f} | "
                              f"{m['fs_restore_s']:.2f} | {m['fs_bytes'] / 2**20:.0f} | | |")
+    if "tfra" in ck and "dualemb.tf" in ck:
+        # Per round (the two sides ran back to back), then the median: damps a shared machine.
+        pairs = list(zip(ck["tfra"], ck["dualemb.tf"]))
+        keys = [k for k in ("save_s", "restore_s", "save_cpu_s", "restore_cpu_s")
+                if all(k in t and k in d for t, d in pairs)]
+        up = {k: statistics.median(t[k] / d[k] for t, d in pairs) for k in keys}
+        lines += ["", f"`tf.train.Checkpoint` of the same table, TFRA / dualemb.tf (median of the"
+                  f" per-round ratios): wall time save {up['save_s']:.2f}x, restore "
+                  f"{up['restore_s']:.2f}x"
+                  + (f"; process CPU time (all threads; less sensitive to other jobs) save "
+                     f"{up['save_cpu_s']:.2f}x, restore {up['restore_cpu_s']:.2f}x"
+                     if "save_cpu_s" in up else "") + "."]
     if ck:
         lines += ["", "Checkpoint memory is the peak RSS during save/restore above the RSS before"
                   " (after malloc_trim). TF's allocator reuses memory it already holds, so the "
@@ -623,6 +666,8 @@ def main() -> None:
     ap.add_argument("--ckpt-rounds", type=int, default=3)
     ap.add_argument("--ckpt-dir", default=None, help="where checkpoints are written (tmp)")
     ap.add_argument("--no-ckpt", action="store_true")
+    ap.add_argument("--ckpt-only", action="store_true",
+                    help="only the checkpoint comparison (tables of --ckpt-rows x --ckpt-dim)")
     ap.add_argument("--no-tf-column", action="store_true")
     ap.add_argument("--tf-upsert", action="store_true", help="also time dualemb.tf upserts")
     ap.add_argument("--fit", action="store_true", help="also run the model.fit comparison")
@@ -641,6 +686,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="100k rows, 2 rounds (smoke test)")
     ap.add_argument("--markdown", default=None, help="also write the markdown table here")
     args = ap.parse_args()
+    if args.ckpt_only:
+        args.dims, args.rows = [args.ckpt_dim], args.ckpt_rows
     if args.quick:
         args.rows = args.ckpt_rows = 100_000
         args.rounds, args.ckpt_rounds = 2, 1

@@ -180,12 +180,14 @@ def fit_batches(spec: dict, start: int, count: int):
     return ids, labels
 
 
-def build_fit_model(keras, de, spec: dict):
-    """Inputs f0..f{F-1} int64 [B, 1] -> de Embedding(dim) each -> concat -> MLP -> 1 logit;
-    Adam wrapped in de.DynamicEmbeddingOptimizer, binary cross-entropy. Returns (model, layers)."""
+def build_fit_model(keras, de, spec: dict, **layer_kwargs):
+    """Inputs f0..f{F-1} int64 [B, 1] -> de Embedding(dim, **layer_kwargs) each -> concat -> MLP
+    -> 1 logit; Adam wrapped in de.DynamicEmbeddingOptimizer, binary cross-entropy. Returns
+    (model, layers)."""
     dim = spec["dim"]
     inputs = [keras.Input((1,), dtype="int64", name=f"f{i}") for i in range(spec["features"])]
-    layers = [de.keras.layers.Embedding(dim, name=f"fit_emb{i}") for i in range(len(inputs))]
+    layers = [de.keras.layers.Embedding(dim, name=f"fit_emb{i}", **layer_kwargs)
+              for i in range(len(inputs))]
     x = keras.layers.Concatenate()(
         [keras.layers.Reshape((dim,))(layer(inp)) for layer, inp in zip(layers, inputs)])
     for k, units in enumerate(spec["hidden"]):
@@ -466,18 +468,19 @@ class TfraSide:
         reset_peak()
         ckpt = tf.train.Checkpoint(emb=var)
         prefix = os.path.join(directory, "tfra_ckpt")
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         path = ckpt.write(prefix)
-        save_s = time.perf_counter() - t0
+        save_s, save_cpu_s = time.perf_counter() - t0, time.process_time() - c0
         size = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory)
                    if f.startswith("tfra_ckpt"))
         save_peak = rss_mb()["peak"]
         reset_peak()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         ckpt.read(path).assert_consumed()
-        restore_s = time.perf_counter() - t0
+        restore_s, restore_cpu_s = time.perf_counter() - t0, time.process_time() - c0
         assert int(var.size()) == n
         out = {"save_s": save_s, "restore_s": restore_s, "bytes": size,
+               "save_cpu_s": save_cpu_s, "restore_cpu_s": restore_cpu_s,
                "save_extra_mb": save_peak - rss0, "restore_extra_mb": rss_mb()["peak"] - rss0}
         # TFRA's other format: FileSystemSaver raw files (no TF checkpoint machinery).
         fs_dir = os.path.join(directory, "tfra_fs")

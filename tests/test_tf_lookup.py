@@ -204,3 +204,21 @@ def test_gradient_is_keyed_indexed_slices():
         dense[int(k)] = dense.get(int(k), 0) + g
     np.testing.assert_allclose(dense[7], [8.0, 8.0])
     np.testing.assert_allclose(dense[9], [2.0, 2.0])
+
+
+def test_gradient_of_a_lookup_inside_tf_function_taken_outside():
+    """The tape outside, the lookup in a tf.function (TFRA's shadow tests train this way): the
+    backward function must capture the keys (it failed with "Node ... belong to a different
+    graph?"). The gradient equals d(mean)/d(row) = 1/(n*dim) per occurrence, summed per key."""
+    var = de.Variable(dim=2, name="grad_through_fn", initializer=0.1)
+    anchor = var.trainable_wrapper("fn_anchor")
+
+    @tf.function
+    def loss_fn(ids):
+        return tf.reduce_mean(de.embedding_lookup(var, ids, name="fn_anchor"))
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(tf.constant([4, 9, 4], tf.int64))
+    grad = tape.gradient(loss, anchor)
+    assert grad.indices.numpy().tolist() == [4, 9, 4]
+    np.testing.assert_allclose(grad.values, np.full((3, 2), 1 / 6), rtol=1e-6)

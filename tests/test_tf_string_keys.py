@@ -104,3 +104,27 @@ def test_tf_checkpoint_round_trip_across_shard_counts(tmp_path):
     with pytest.raises(tf.errors.InvalidArgumentError, match="string"):
         tf.train.Checkpoint(v=ints).restore(path).assert_consumed()
     assert int(ints.size()) == 0
+
+
+def test_all_to_all_embedding_refuses_string_keys():
+    # TF's collective all-to-all moves numeric tensors only; a string all-to-all layer is refused
+    # when made, not at its first lookup. Two logical CPUs must be set before TF starts: a
+    # subprocess, bounded in time.
+    import subprocess
+    import sys
+
+    code = """
+import tensorflow as tf
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+import dualemb.tf as de
+with tf.distribute.MirroredStrategy(["/CPU:0", "/CPU:1"]).scope():
+    try:
+        de.keras.layers.Embedding(2, key_dtype=tf.string, all_to_all=True)
+    except ValueError as e:
+        print("REFUSED:", e)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "REFUSED:" in proc.stdout and "key_dtype=tf.string" in proc.stdout, proc.stdout

@@ -16,7 +16,7 @@ import sys
 
 MODULES = {
     "core": ["dualemb.core", "dualemb.core.table", "dualemb.core.initializers",
-             "dualemb.core.optimizers", "dualemb.core.checkpoint"],
+             "dualemb.core.optimizers", "dualemb.core.value_dtypes", "dualemb.core.checkpoint"],
     "tf": ["dualemb.tf", "dualemb.tf.migrate"],
     "jax": ["dualemb.jax", "dualemb.jax.optimizers", "dualemb.jax.initializers",
             "dualemb.jax.nnx", "dualemb.jax.orbax", "dualemb.jax.keras_optax",

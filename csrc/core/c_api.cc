@@ -11,6 +11,7 @@
 #include "config.h"
 #include "memory_block.h"
 #include "registry.h"
+#include "thread_pool.h"
 
 using Table = dualemb::Storage;
 
@@ -146,6 +147,13 @@ int de_table_dims(int64_t id, int64_t* dim, int32_t* key_dtype, int32_t* num_slo
   });
 }
 
+int de_value_dtype(int64_t id, int32_t* value_dtype) {
+  return guarded("value dtype", [&] {
+    require_out(value_dtype, "value_dtype");
+    *value_dtype = dualemb::get_table(id)->value_dtype();
+  });
+}
+
 int de_set_optimizer(int64_t id, const char* spec) {
   return guarded("set optimizer", [&] { dualemb::get_table(id)->set_optimizer(spec ? spec : ""); });
 }
@@ -165,7 +173,14 @@ int de_set_num_threads(int64_t id, int32_t n) {
   });
 }
 
-int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, float* values,
+void de_set_thread_scheduler(de_scheduler_fn fn, void* context, de_scheduler_fn* prev_fn,
+                             void** prev_context) {
+  dualemb::ExternalScheduler prev = dualemb::set_thread_scheduler({fn, context});
+  if (prev_fn) *prev_fn = prev.fn;
+  if (prev_context) *prev_context = prev.context;
+}
+
+int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, void* values,
             uint8_t* exists) {
   return guarded("find", [&] {
     if (key_dtype == DE_KEY_STRING) return dualemb::string_api::find(id, keys, n, values, exists);
@@ -177,7 +192,7 @@ int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, float* v
   });
 }
 
-int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n, float* values,
+int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n, void* values,
                       uint8_t* exists, int64_t* evicted) {
   return guarded("find_or_insert", [&] {
     if (key_dtype == DE_KEY_STRING)
@@ -191,7 +206,7 @@ int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n
 }
 
 int de_insert_or_assign(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
-                        const float* values, int64_t* evicted) {
+                        const void* values, int64_t* evicted) {
   return guarded("insert_or_assign", [&] {
     if (key_dtype == DE_KEY_STRING)
       return set_evicted(evicted, dualemb::string_api::insert_or_assign(id, keys, n, values));
@@ -203,7 +218,7 @@ int de_insert_or_assign(int64_t id, int32_t key_dtype, const void* keys, int64_t
   });
 }
 
-int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const float* deltas,
+int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const void* deltas,
              const uint8_t* exists, int64_t* evicted) {
   return guarded("accum", [&] {
     if (key_dtype == DE_KEY_STRING)
@@ -290,7 +305,7 @@ int de_restrict(int64_t id, int64_t num_reserved, int32_t policy, int32_t key_dt
 }
 
 int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void* keys,
-              float* values, float* slots, int32_t num_slots, int64_t* last_update,
+              void* values, void* slots, int32_t num_slots, int64_t* last_update,
               int64_t* update_count, int64_t* out_n) {
   return guarded("export", [&] {
     if (key_dtype == DE_KEY_STRING && keys) {
@@ -326,8 +341,8 @@ int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void
   });
 }
 
-int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const float* values,
-              const float* slots, int32_t num_slots, const int64_t* last_update,
+int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const void* values,
+              const void* slots, int32_t num_slots, const int64_t* last_update,
               const int64_t* update_count, int64_t* evicted) {
   return guarded("import", [&] {
     if (key_dtype == DE_KEY_STRING)
@@ -363,7 +378,7 @@ int de_memory_bytes(int64_t id, int64_t* out) {
 }
 
 int de_initial_values(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
-                      float* values) {
+                      void* values) {
   return guarded("initial values", [&] {
     if (key_dtype == DE_KEY_STRING) return dualemb::string_api::initial_values(id, keys, n, values);
     auto t = dualemb::get_table(id);

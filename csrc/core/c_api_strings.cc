@@ -14,6 +14,7 @@
 #include "registry.h"
 #include "storage/storage.h"
 #include "string_keys.h"
+#include "value_dtype.h"
 
 namespace dualemb {
 namespace string_api {
@@ -56,20 +57,20 @@ void require(const void* p, int64_t n, const char* name) {
   if (n > 0 && p == nullptr) throw std::invalid_argument(std::string(name) + " pointer is null");
 }
 
-// Bytes of one value row. float32 today; when value dtypes arrive this becomes dim * the value
-// dtype's element size (the only place that knows the value layout).
-size_t value_row_bytes(const Storage& s) { return static_cast<size_t>(s.dim()) * sizeof(float); }
+// Bytes of one value row in the table's value dtype (rows cross the C ABI as raw bytes).
+size_t value_row_bytes(const Storage& s) {
+  return static_cast<size_t>(s.dim()) * value_dtype_size(s.value_dtype());
+}
 
 // Whether each id has a row (ids are few here: new or probed ones, or a rollback).
 std::vector<uint8_t> has_rows(const Storage& s, const std::vector<int64_t>& ids) {
   std::vector<uint8_t> out(ids.size());
   constexpr size_t kChunk = 1024;
-  // 8 bytes per value element: room for any value dtype.
+  // 8 bytes per value element: room for any value dtype, aligned for any.
   std::vector<double> scratch(std::min(ids.size(), kChunk) * static_cast<size_t>(s.dim()));
   for (size_t b = 0; b < ids.size(); b += kChunk) {
     const size_t m = std::min(kChunk, ids.size() - b);
-    s.find(ids.data() + b, static_cast<int64_t>(m), reinterpret_cast<float*>(scratch.data()),
-           out.data() + b);
+    s.find(ids.data() + b, static_cast<int64_t>(m), scratch.data(), out.data() + b);
   }
   return out;
 }
@@ -77,7 +78,7 @@ std::vector<uint8_t> has_rows(const Storage& s, const std::vector<int64_t>& ids)
 // Writes the initial row of string s (from its fingerprint) at row i of `values`.
 void write_initial(const Storage& st, std::string_view s, void* values, int64_t i) {
   const int64_t k = string_init_key(s);
-  st.initial_values(&k, 1, reinterpret_cast<float*>(static_cast<char*>(values) + i * value_row_bytes(st)));
+  st.initial_values(&k, 1, static_cast<char*>(values) + i * value_row_bytes(st));
 }
 
 // Ids of the strings, added to the map where absent; the added ids go to *added.
@@ -144,17 +145,17 @@ std::vector<int64_t> make_probed_rows(Storage& st, const std::vector<std::string
   if (cand.empty()) return {};
   std::vector<uint8_t> live = has_rows(st, cand);
   std::vector<int64_t> make;
-  std::vector<char> rows;
+  std::vector<double> rows;  // double: aligned for any value dtype
   const size_t rb = value_row_bytes(st);
   for (size_t j = 0; j < cand.size(); ++j) {
     if (live[j]) continue;
     make.push_back(cand[j]);
-    rows.resize(make.size() * rb);
+    rows.resize((make.size() * rb + sizeof(double) - 1) / sizeof(double));
     write_initial(st, cand_s[j], rows.data(), static_cast<int64_t>(make.size() - 1));
   }
   if (make.empty()) return {};
   *evicted += st.import_rows(make.data(), static_cast<int64_t>(make.size()),
-                             reinterpret_cast<const float*>(rows.data()), nullptr, -1, nullptr,
+                             rows.data(), nullptr, -1, nullptr,
                              nullptr);
   std::sort(make.begin(), make.end());
   return make;
@@ -181,7 +182,7 @@ void find(int64_t id, const void* keys, int64_t n, void* values, uint8_t* exists
     // row it may hit belongs to another string and is overwritten below.
     ids[i] = k >= 0 ? k : string_init_key(sv[i]);
   }
-  t.storage->find(ids.data(), n, static_cast<float*>(values), found.data());
+  t.storage->find(ids.data(), n, values, found.data());
   for (int64_t i = 0; i < n; ++i) {
     const bool wrong_row = known[i] ? (!found[i] && ids[i] != string_init_key(sv[i])) : found[i];
     if (wrong_row) write_initial(*t.storage, sv[i], values, i);
@@ -200,7 +201,7 @@ int64_t find_or_insert(int64_t id, const void* keys, int64_t n, void* values, ui
     int64_t evicted = 0;
     const auto made = make_probed_rows(*t.storage, sv, ids, &evicted);
     std::vector<uint8_t> ex(n);
-    evicted += t.storage->find_or_insert(ids.data(), n, static_cast<float*>(values), ex.data());
+    evicted += t.storage->find_or_insert(ids.data(), n, values, ex.data());
     if (exists)
       for (int64_t i = 0; i < n; ++i)
         exists[i] = ex[i] && !std::binary_search(made.begin(), made.end(), ids[i]);
@@ -220,7 +221,7 @@ int64_t insert_or_assign(int64_t id, const void* keys, int64_t n, const void* va
   std::vector<int64_t> added;
   auto ids = ids_adding(*t.keys, sv, &added);
   try {
-    int64_t evicted = t.storage->insert_or_assign(ids.data(), n, static_cast<const float*>(values));
+    int64_t evicted = t.storage->insert_or_assign(ids.data(), n, values);
     maybe_compact(*t.keys, *t.storage);
     return evicted;
   } catch (...) {
@@ -240,7 +241,7 @@ int64_t accum(int64_t id, const void* keys, int64_t n, const void* deltas,
   auto ids = ids_adding(*t.keys, sv, &added);
   int64_t evicted;
   try {
-    evicted = t.storage->accum(ids.data(), n, static_cast<const float*>(deltas), exists);
+    evicted = t.storage->accum(ids.data(), n, deltas, exists);
   } catch (...) {
     roll_back(*t.keys, *t.storage, added);
     throw;
@@ -339,8 +340,8 @@ int64_t export_rows(int64_t id, int64_t offset, int64_t limit, de_string_keys_ou
   Shared lock(t.keys->mutex());
   std::vector<int64_t> ids(static_cast<size_t>(std::min<int64_t>(limit, t.storage->size())));
   const int64_t got = t.storage->export_rows(
-      offset, static_cast<int64_t>(ids.size()), ids.data(), static_cast<float*>(values),
-      static_cast<float*>(slots), slots ? num_slots : -1, last_update, update_count);
+      offset, static_cast<int64_t>(ids.size()), ids.data(), values,
+      slots, slots ? num_slots : -1, last_update, update_count);
   int64_t used = 0, written = 0;
   out->offsets[0] = 0;
   out->needed = 0;
@@ -369,8 +370,8 @@ int64_t import_rows(int64_t id, const void* keys, int64_t n, const void* values,
   std::vector<int64_t> added;
   auto ids = ids_adding(*t.keys, sv, &added);
   try {
-    int64_t evicted = t.storage->import_rows(ids.data(), n, static_cast<const float*>(values),
-                                             static_cast<const float*>(slots),
+    int64_t evicted = t.storage->import_rows(ids.data(), n, values,
+                                             slots,
                                              slots ? num_slots : -1, last_update, update_count);
     maybe_compact(*t.keys, *t.storage);
     return evicted;
@@ -386,7 +387,7 @@ void initial_values(int64_t id, const void* keys, int64_t n, void* values) {
   require(values, n, "values");
   std::vector<int64_t> k(n);
   for (int64_t i = 0; i < n; ++i) k[i] = string_init_key(sv[i]);
-  t.storage->initial_values(k.data(), n, static_cast<float*>(values));
+  t.storage->initial_values(k.data(), n, values);
 }
 
 void stats(int64_t id, int64_t* entries, int64_t* key_bytes) {

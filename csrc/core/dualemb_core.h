@@ -9,8 +9,12 @@
 //    thread-local message that names the problem. A failed call leaves the table unchanged.
 //  * Tables are named by a 63-bit id. de_table_create(0, ...) draws a fresh random id.
 //  * Keys are passed as `const void* keys` with `key_dtype` (DE_KEY_INT64 / DE_KEY_INT32 /
-//    DE_KEY_STRING); it must equal the table's key dtype. String keys: see "String keys" below. Values are float32, row-major [n, dim].
-//  * Slots (optimizer state) are stored beside each row; exported/imported as [n, num_slots, dim].
+//    DE_KEY_STRING); it must equal the table's key dtype. String keys: see "String keys" below.
+//  * Values (rows, accum deltas, initial values) are passed as `void*` in the table's value
+//    dtype (DE_VALUE_*, de_value_dtype), row-major [n, dim], aligned to the element size.
+//    Gradients and restrict scores are always float32.
+//  * Slots (optimizer state) are stored beside each row in the value dtype; exported/imported as
+//    [n, num_slots, dim] in the value dtype.
 //  * Writes that may insert report in *evicted how many keys a capacity limit evicted (may be NULL).
 //    An eviction keeps the `capacity` best keys by the table's evict_policy score, ties broken
 //    by the smaller key (so a batch larger than the capacity keeps a defined subset).
@@ -63,6 +67,18 @@ typedef struct {
   int64_t needed;    // out: see above
 } de_string_keys_out;
 
+// Value dtypes (the config's "value_dtype" names; dualemb/core/table.py mirrors these codes).
+// float16 is IEEE binary16, bfloat16 the top half of a float32. Training (optimizers) needs
+// float32, float16 or bfloat16; the others serve every other operation.
+enum {
+  DE_VALUE_FLOAT32 = 0,
+  DE_VALUE_FLOAT16 = 1,
+  DE_VALUE_BFLOAT16 = 2,
+  DE_VALUE_FLOAT64 = 3,
+  DE_VALUE_INT8 = 4,
+  DE_VALUE_INT32 = 5,
+  DE_VALUE_INT64 = 6
+};
 enum { DE_RESTRICT_RECENCY = 0, DE_RESTRICT_FREQUENCY = 1, DE_RESTRICT_CUSTOM = 2 };
 // What kind of error the last failed call on this thread had (de_last_error_kind).
 enum { DE_ERROR_NONE = 0, DE_ERROR_OTHER = 1, DE_ERROR_NO_MEMORY = 2 };
@@ -79,10 +95,13 @@ DE_API const char* de_version(void);
 // and infinities cannot be written in JSON and are refused, as are unknown and repeated members.
 //
 // Table lifecycle. `config` members: "dim" (int, required), "key_dtype" ("int64" | "int32"),
-// "value_dtype" ("float32"), "initializer" ("zeros" | "constant" | "vector" | "normal" |
+// "value_dtype" ("float32" | "float16" | "bfloat16" | "float64" | "int8" | "int32" | "int64"),
+// "initializer" ("zeros" | "constant" | "vector" | "normal" |
 // "truncated_normal" | "uniform") with the members of its kind: "value" (constant), "values"
 // (vector: a list of dim or 1 numbers), "seed" (uint64), "mean", "stddev" (normal kinds),
-// "minval", "maxval" (uniform); "capacity" (int, 0 = unlimited), "evict_policy" ("recency" |
+// "minval", "maxval" (uniform); integer value dtypes take only zeros, constant and vector, whose
+// values must be exactly representable in the dtype (a random initializer is refused), and
+// float16/bfloat16/float64 rows start at the float32 initial row converted; "capacity" (int, 0 = unlimited), "evict_policy" ("recency" |
 // "frequency"), "num_threads" (int, 0 = all cores). A member the chosen initializer does not use
 // is refused.
 // get-or-create: if `id` exists already, its dim and key dtype must match `config`.
@@ -104,6 +123,8 @@ DE_API int de_table_destroy(int64_t id);
 // separators=(",", ":"), ensure_ascii=True, allow_nan=False). Writes at most buflen bytes (NUL-terminated); *needed receives the full length + 1.
 DE_API int de_table_describe(int64_t id, char* buf, size_t buflen, size_t* needed);
 DE_API int de_table_dims(int64_t id, int64_t* dim, int32_t* key_dtype, int32_t* num_slots);
+// The table's value dtype (DE_VALUE_*).
+DE_API int de_value_dtype(int64_t id, int32_t* value_dtype);
 
 // `text`, any JSON value, rewritten as canonical JSON (what describe writes).
 DE_API int de_canonical_json(const char* text, char* buf, size_t buflen, size_t* needed);
@@ -111,23 +132,34 @@ DE_API int de_canonical_json(const char* text, char* buf, size_t buflen, size_t*
 // Optimizer spec: {"name": "adam", "flavor": "keras" | "optax", "beta_1": 0.9, ...}. Attaching
 // one to a non-empty table adds the slot columns to every row (with the optimizer's initial slot values); an empty spec
 // detaches it and drops the slots. Attaching the same optimizer again (hyper-parameters equal as
-// numbers: 0 equals 0.0) keeps the slots.
+// numbers: 0 equals 0.0) keeps the slots. A table whose value dtype cannot be trained (float64,
+// integers) refuses any optimizer.
 DE_API int de_set_optimizer(int64_t id, const char* spec);
 // Slot names of the attached optimizer, comma separated ("m,v").
 DE_API int de_slot_names(int64_t id, char* buf, size_t buflen, size_t* needed);
 DE_API int de_set_num_threads(int64_t id, int32_t num_threads);
+// Where batched calls made by THIS thread find helper threads (0 = the core's own worker pool,
+// the default). A framework whose kernels run on its own thread pool passes a function that
+// schedules `task(arg)` on that pool: its idle threads then help instead of spinning beside the
+// core's workers. The calling thread always claims work itself and only waits for tasks a helper
+// has started, so a scheduler that runs tasks late (or inline) is safe. Every scheduled task
+// must eventually run exactly once. Returns the previous setting through prev_* (may be NULL).
+typedef void (*de_scheduler_fn)(void* context, void (*task)(void*), void* arg);
+DE_API void de_set_thread_scheduler(de_scheduler_fn fn, void* context, de_scheduler_fn* prev_fn,
+                                    void** prev_context);
 
 // Batched operations.
-DE_API int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, float* values,
+DE_API int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, void* values,
                    uint8_t* exists /* may be NULL */);
 DE_API int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
-                             float* values, uint8_t* exists, int64_t* evicted);
+                             void* values, uint8_t* exists, int64_t* evicted);
 DE_API int de_insert_or_assign(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
-                               const float* values, int64_t* evicted);
+                               const void* values, int64_t* evicted);
 // TFRA accum rule, per key: absent && !exists[i] -> insert values[i]; present && exists[i] ->
-// row += values[i]; otherwise ignored.
+// row += values[i]; otherwise ignored. Integer rows wrap around on overflow (two's complement);
+// float16/bfloat16 rows add in float32 and round to nearest even.
 DE_API int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
-                    const float* deltas, const uint8_t* exists, int64_t* evicted);
+                    const void* deltas, const uint8_t* exists, int64_t* evicted);
 DE_API int de_erase(int64_t id, int32_t key_dtype, const void* keys, int64_t n);
 DE_API int de_clear(int64_t id);
 DE_API int de_size(int64_t id, int64_t* out);
@@ -137,7 +169,9 @@ DE_API int de_size(int64_t id, int64_t* out);
 DE_API int de_reserve(int64_t id, int64_t n);
 // Fused sparse optimizer step. Gradients of duplicate keys are summed first; missing keys are
 // inserted with their initializer row (and initial slots) and then updated. `step` is the
-// 1-based update count t used for bias correction.
+// 1-based update count t used for bias correction. Gradients are float32 whatever the value
+// dtype; a float16/bfloat16 row and its slots are widened to float32, updated by the same float32
+// kernel, and rounded back to nearest even.
 DE_API int de_apply_gradients(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
                               const float* grads, float lr, int64_t step, int64_t* evicted);
 // Keep the `num_reserved` keys with the highest score, erase the rest (with their slots).
@@ -153,12 +187,12 @@ DE_API int de_restrict(int64_t id, int64_t num_reserved, int32_t policy, int32_t
 // it runs, so a concurrent set_optimizer can never overrun the buffer. *out_n receives the rows
 // written.
 DE_API int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void* keys,
-                     float* values, float* slots, int32_t num_slots, int64_t* last_update,
+                     void* values, void* slots, int32_t num_slots, int64_t* last_update,
                      int64_t* update_count, int64_t* out_n);
 // Import rows (insert or overwrite), with optional slots [n, num_slots, dim] (checked against
 // the table's slot count under its lock) and metadata. update_count saturates at 2^32 - 1.
 DE_API int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
-                     const float* values, const float* slots, int32_t num_slots,
+                     const void* values, const void* slots, int32_t num_slots,
                      const int64_t* last_update, const int64_t* update_count, int64_t* evicted);
 // The table's logical clock (incremented by every write; stamped into last_update).
 DE_API int de_get_clock(int64_t id, int64_t* out);
@@ -169,9 +203,10 @@ DE_API int de_evicted_total(int64_t id, int64_t* out);
 // memory back to the OS at once (row chunks are freed as they empty, keeping one spare chunk
 // per shard; a shard's index shrinks when under 1/8 full), and this count falls with it.
 DE_API int de_memory_bytes(int64_t id, int64_t* out);
-// Initializer rows for keys, without touching any table (pure function of seed and key).
+// Initializer rows for keys (in the value dtype), without touching any table (pure function of
+// seed and key).
 DE_API int de_initial_values(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
-                             float* values);
+                             void* values);
 
 // String keys (see "String keys" above).
 // The 64-bit fingerprint of a byte string, masked to a non-negative int64: FNV-1a (64-bit)

@@ -17,7 +17,19 @@ Initializer Initializer::from_config(const Config& c, int64_t dim) {
     init.kind_ = kZeros;
   } else if (kind == "constant") {
     init.kind_ = kConstant;
-    init.a_ = c.get_double("value", 0.0);
+    init.a_ = 0.0;
+    if (c.has("value")) {
+      // A JSON integer is kept exactly too: an int64 table's constant may exceed 2^53.
+      try {
+        init.constant_int_ = c.get_int("value", 0);
+        init.constant_is_int_ = true;
+        init.a_ = static_cast<double>(init.constant_int_);
+      } catch (const std::invalid_argument&) {
+        init.a_ = c.get_double("value", 0.0);
+      }
+    } else {
+      init.a_ = c.get_double("value", 0.0);
+    }
   } else if (kind == "vector") {
     init.kind_ = kVector;
     if (!c.has("values")) throw std::invalid_argument("vector initializer needs 'values'");
@@ -27,6 +39,7 @@ Initializer Initializer::from_config(const Config& c, int64_t dim) {
       throw std::invalid_argument("vector initializer has " + std::to_string(v.size()) +
                                   " values; it needs dim=" + std::to_string(dim) + " or 1");
     init.vector_.assign(v.begin(), v.end());
+    init.vector_given_ = v;
   } else if (kind == "normal" || kind == "truncated_normal") {
     init.kind_ = kind == "normal" ? kNormal : kTruncatedNormal;
     init.seed_ = c.get_uint("seed", 0);
@@ -45,6 +58,33 @@ Initializer Initializer::from_config(const Config& c, int64_t dim) {
                                 "uniform)");
   }
   return init;
+}
+
+const char* Initializer::kind_name() const {
+  switch (kind_) {
+    case kZeros: return "zeros";
+    case kConstant: return "constant";
+    case kVector: return "vector";
+    case kNormal: return "normal";
+    case kTruncatedNormal: return "truncated_normal";
+    case kUniform: return "uniform";
+  }
+  return "unknown";
+}
+
+std::vector<ConstantValue> Initializer::constant_values() const {
+  std::vector<ConstantValue> out(static_cast<size_t>(dim_));
+  for (int64_t j = 0; j < dim_; ++j) {
+    ConstantValue& v = out[j];
+    if (kind_ == kConstant) {
+      v.d = a_;
+      v.is_int = constant_is_int_;
+      v.i = constant_int_;
+    } else if (kind_ == kVector) {
+      v.d = vector_given_[j];
+    }
+  }
+  return out;
 }
 
 void Initializer::fill(uint64_t key, float* row) const {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "config.h"
+#include "value_dtype.h"
 
 namespace dualemb {
 
@@ -26,6 +27,11 @@ class Initializer {
   // Writes the initial row of `key` (dim floats).
   void fill(uint64_t key, float* row) const;
   Kind kind() const { return kind_; }
+  const char* kind_name() const;
+  // zeros, constant and vector: the same row for every key, with no random draw.
+  bool is_constant() const { return kind_ == kZeros || kind_ == kConstant || kind_ == kVector; }
+  // A constant kind's row (dim columns), each value as given (a JSON integer exactly).
+  std::vector<ConstantValue> constant_values() const;
 
  private:
   Kind kind_ = kZeros;
@@ -33,6 +39,9 @@ class Initializer {
   uint64_t seed_ = 0;
   double a_ = 0.0, b_ = 1.0;  // mean/stddev, minval/maxval, or the constant in a_
   std::vector<float> vector_;   // kVector: dim values
+  std::vector<double> vector_given_;  // kVector: the values as given (before float rounding)
+  bool constant_is_int_ = false;  // kConstant given as a JSON integer: exact in constant_int_
+  int64_t constant_int_ = 0;
 };
 
 }  // namespace dualemb

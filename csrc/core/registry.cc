@@ -8,6 +8,7 @@
 #include "dualemb_core.h"
 #include "random.h"
 #include "storage/factory.h"
+#include "value_dtype.h"
 
 namespace dualemb {
 namespace {
@@ -49,9 +50,12 @@ int64_t create_table(int64_t id, const std::string& config) {
   auto it = r.tables.find(id);
   if (it != r.tables.end()) {
     const Storage& t = *it->second.table;
-    if (t.dim() != table->dim() || t.key_dtype() != table->key_dtype())
+    // A different value dtype would make callers read rows in the wrong element type.
+    if (t.dim() != table->dim() || t.key_dtype() != table->key_dtype() ||
+        t.value_dtype() != table->value_dtype())
       throw std::invalid_argument("table " + std::to_string(id) + " exists with dim " +
-                                  std::to_string(t.dim()) + " and another config");
+                                  std::to_string(t.dim()) + ", value dtype " +
+                                  value_dtype_name(t.value_dtype()) + " and another config");
     return id;
   }
   std::shared_ptr<StringKeys> strings;

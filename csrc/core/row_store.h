@@ -1,6 +1,7 @@
 // row_store.h — dense, chunked storage of a shard's rows.
 //
-// Row i holds its RowMeta (key, last update, count) then [value (dim) | slots (num_slots * dim)]. Rows stay dense
+// Row i holds its RowMeta (key, last update, count) then [value (dim) | slots (num_slots * dim)],
+// `width` elements of `elem_size` bytes each (the table's value dtype). Rows stay dense
 // (erase moves the last row into the hole), so export pages are plain index ranges. Storage
 // grows by fixed-size chunks: no 2x reallocation peaks, and row pointers stay valid as it grows.
 // Chunks come from memory_block.h (mapped from the OS), so dropping one returns its memory at once.
@@ -18,7 +19,7 @@
 
 namespace dualemb {
 
-// Per-row metadata, stored in front of the row's floats so one cache-line stream brings both.
+// Per-row metadata, stored in front of the row's elements so one cache-line stream brings both.
 struct RowMeta {
   int64_t key;
   int64_t last_update;
@@ -28,19 +29,20 @@ struct RowMeta {
 
 class RowStore {
  public:
-  RowStore(int64_t width, int64_t chunk_shift)
+  RowStore(int64_t width, size_t elem_size, int64_t chunk_shift)
       : width_(width),
         shift_(chunk_shift),
-        stride_(sizeof(RowMeta) + ((sizeof(float) * width + 7) & ~size_t(7))) {}
+        stride_(sizeof(RowMeta) + ((elem_size * width + 7) & ~size_t(7))) {}
 
   int64_t size() const { return size_; }
   int64_t capacity() const { return static_cast<int64_t>(chunks_.size()) << shift_; }
   int64_t width() const { return width_; }
 
-  float* row(int64_t i) { return reinterpret_cast<float*>(at(i) + sizeof(RowMeta)); }
-  const float* row(int64_t i) const {
-    return reinterpret_cast<const float*>(at(i) + sizeof(RowMeta));
-  }
+  // Row i's elements: as raw bytes, or typed (T must be the table's element type).
+  unsigned char* row(int64_t i) { return at(i) + sizeof(RowMeta); }
+  const unsigned char* row(int64_t i) const { return at(i) + sizeof(RowMeta); }
+  template <class T>
+  T* row_as(int64_t i) { return reinterpret_cast<T*>(at(i) + sizeof(RowMeta)); }
   RowMeta& meta(int64_t i) { return *reinterpret_cast<RowMeta*>(at(i)); }
   const RowMeta& meta(int64_t i) const { return *reinterpret_cast<const RowMeta*>(at(i)); }
 
@@ -111,7 +113,7 @@ class RowStore {
   size_t chunk_bytes() const { return (size_t(1) << shift_) * stride_; }
   void add_chunk() {
     // Blocks are aligned to at least 16 bytes and the stride is a multiple of 8, so every
-    // RowMeta and float in a chunk is properly aligned. The block is owned before the chunk
+    // RowMeta and element (at most 8 bytes) in a chunk is properly aligned. The block is owned before the chunk
     // table may grow, so a failure there frees it.
     Block b(chunk_bytes());
     chunks_.push_back(std::move(b));
@@ -119,7 +121,7 @@ class RowStore {
 
   int64_t width_;
   int64_t shift_;
-  size_t stride_;  // bytes per row: RowMeta + width floats, padded to 8
+  size_t stride_;  // bytes per row: RowMeta + width elements, padded to 8
   int64_t size_ = 0;
   std::vector<Block> chunks_;
 };

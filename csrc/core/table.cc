@@ -12,6 +12,7 @@
 #include "hash.h"
 #include "memory_block.h"
 #include "thread_pool.h"
+#include "value_dtype.h"
 #include "storage/table_options.h"
 
 namespace dualemb {
@@ -71,19 +72,44 @@ Table::Table(const std::string& config_text) {
   TableOptions o = read_table_options(c);
   dim_ = o.dim;
   key_dtype_ = o.key_dtype;
+  value_dtype_ = o.value_dtype;
+  value_size_ = o.value_size;
   init_ = o.init;
+  initial_row_ = o.initial_row;
   capacity_ = o.capacity;
   evict_policy_ = o.evict_policy;
   num_threads_ = o.num_threads;
   refuse_unused(c);
   config_json_ = c.echo();  // every member read above, as given or defaulted
   int64_t shift = chunk_shift_for(dim_);
-  for (int i = 0; i < kNumShards; ++i) shards_.emplace_back(new Shard(dim_, shift));
+  for (int i = 0; i < kNumShards; ++i) shards_.emplace_back(new Shard(dim_, value_size_, shift));
+}
+
+void Table::fill_initial_converted(uint64_t key, unsigned char* out) const {
+  if (!initial_row_.empty()) {
+    std::memcpy(out, initial_row_.data(), initial_row_.size());
+    return;
+  }
+  // A random initializer on a float16/bfloat16/float64 table: the float32 row of (seed, key),
+  // converted, so every dtype starts from the same draws. (Integer tables refuse these.)
+  thread_local std::vector<float> scratch;
+  scratch.resize(static_cast<size_t>(dim_));
+  init_.fill(key, scratch.data());
+  floats_to_values(value_dtype_, scratch.data(), out, dim_);
+}
+
+void Table::require_trainable() const {
+  if (!value_dtype_trainable(value_dtype_))
+    throw std::invalid_argument(std::string("a table of value dtype ") +
+                                value_dtype_name(value_dtype_) +
+                                " cannot be trained; training needs float32, float16 or "
+                                "bfloat16 values");
 }
 
 int64_t Table::chunk_shift_for(int64_t width) const {
   // About 256 KiB of values per chunk, between 16 and 4096 rows.
-  int64_t bytes = width * 4 + static_cast<int64_t>(sizeof(RowMeta)), shift = 4;
+  int64_t bytes = width * static_cast<int64_t>(value_size_) + static_cast<int64_t>(sizeof(RowMeta)),
+          shift = 4;
   while (shift < 12 && (bytes << (shift + 1)) <= (256 << 10)) ++shift;
   return shift;
 }
@@ -105,7 +131,10 @@ std::vector<std::string> Table::slot_names() const {
 
 void Table::set_optimizer(const std::string& spec) {
   std::unique_ptr<Optimizer> opt;
-  if (!spec.empty()) opt = make_optimizer(spec);  // throws before anything changes
+  if (!spec.empty()) {
+    require_trainable();
+    opt = make_optimizer(spec);  // throws before anything changes
+  }
   std::unique_lock<std::shared_mutex> lock(mu_);
   int old_slots = num_slots();
   int new_slots = opt ? opt->num_slots() : 0;
@@ -124,13 +153,19 @@ void Table::set_optimizer(const std::string& spec) {
   ++clock_;  // a change of optimizer is a write (checkpoint saves detect it)
 }
 
-void Table::init_slots(float* row) const {
+void Table::init_slots(unsigned char* row) const {
   if (!optimizer_) return;
   const int ns = optimizer_->num_slots();
   for (int s = 0; s < ns; ++s) {
     const float v = optimizer_->slot_initial_value(s);
-    float* p = row + dim_ * (1 + s);
-    for (int64_t j = 0; j < dim_; ++j) p[j] = v;
+    unsigned char* slot = row + row_bytes() * (1 + s);
+    if (value_dtype_ == DE_VALUE_FLOAT32) {
+      float* p = reinterpret_cast<float*>(slot);
+      for (int64_t j = 0; j < dim_; ++j) p[j] = v;
+    } else {
+      for (int64_t j = 0; j < dim_; ++j)
+        floats_to_values(value_dtype_, &v, slot + value_size_ * j, 1);
+    }
   }
 }
 
@@ -138,18 +173,19 @@ void Table::rebuild_rows(int64_t new_width) {
   // Builds every shard's new storage first, so an allocation failure changes nothing.
   int64_t shift = chunk_shift_for(new_width);
   long double need = 0;
-  for (auto& sp : shards_) need += RowStore(new_width, shift).bytes_for(sp->rows.size());
+  for (auto& sp : shards_)
+    need += RowStore(new_width, value_size_, shift).bytes_for(sp->rows.size());
   check_request("adding the optimizer's slot columns", need);
   std::vector<RowStore> fresh;
   fresh.reserve(shards_.size());
   for (auto& sp : shards_) {
     RowStore& old = sp->rows;
-    RowStore r(new_width, shift);
+    RowStore r(new_width, value_size_, shift);
     r.reserve(old.size());
     for (int64_t i = 0; i < old.size(); ++i) {
       int64_t j = r.push_back();
-      float* dst = r.row(j);
-      std::memcpy(dst, old.row(i), sizeof(float) * dim_);
+      unsigned char* dst = r.row(j);
+      std::memcpy(dst, old.row(i), row_bytes());
       init_slots(dst);
       r.meta(j) = old.meta(i);
     }
@@ -283,13 +319,13 @@ void Table::erase_row(Shard& s, int64_t row) {
   s.rows.move_last_into(row);
 }
 
-void Table::find(const int64_t* keys, int64_t n, float* values, uint8_t* exists) const {
+void Table::find(const int64_t* keys, int64_t n, void* values_out, uint8_t* exists) const {
   std::shared_lock<std::shared_mutex> lock(mu_);
-  const int64_t dim = dim_;
   // Blocks of kBlock keys in three passes (hash + prefetch the index slot, probe + prefetch
   // the row, copy), so up to kBlock cache misses are in flight at once instead of one.
   constexpr int kBlock = 16;
-  const size_t row_bytes = sizeof(float) * dim;
+  const size_t row_bytes = this->row_bytes();
+  unsigned char* values = static_cast<unsigned char*>(values_out);
   auto range = [&](int64_t begin, int64_t end) {
     uint64_t h[kBlock];
     int64_t r[kBlock];
@@ -309,11 +345,11 @@ void Table::find(const int64_t* keys, int64_t n, float* values, uint8_t* exists)
         }
       }
       for (int j = 0; j < m; ++j) {
-        float* out = values + (b + j) * dim;
+        unsigned char* out = values + (b + j) * row_bytes;
         if (r[j] >= 0) {
           std::memcpy(out, sh[j]->rows.row(r[j]), row_bytes);
         } else {
-          init_.fill(static_cast<uint64_t>(keys[b + j]), out);
+          fill_initial(static_cast<uint64_t>(keys[b + j]), out);
         }
         if (exists) exists[b + j] = r[j] >= 0;
       }
@@ -328,11 +364,14 @@ void Table::find(const int64_t* keys, int64_t n, float* values, uint8_t* exists)
                [&](int64_t t) { range(t * kReadTask, std::min(n, (t + 1) * kReadTask)); });
 }
 
-void Table::initial_values(const int64_t* keys, int64_t n, float* values) const {
-  for (int64_t i = 0; i < n; ++i) init_.fill(static_cast<uint64_t>(keys[i]), values + i * dim_);
+void Table::initial_values(const int64_t* keys, int64_t n, void* values) const {
+  unsigned char* out = static_cast<unsigned char*>(values);
+  for (int64_t i = 0; i < n; ++i) fill_initial(static_cast<uint64_t>(keys[i]), out + i * row_bytes());
 }
 
-int64_t Table::find_or_insert(const int64_t* keys, int64_t n, float* values, uint8_t* exists) {
+int64_t Table::find_or_insert(const int64_t* keys, int64_t n, void* values_out, uint8_t* exists) {
+  unsigned char* values = static_cast<unsigned char*>(values_out);
+  const size_t rb = row_bytes();
   std::unique_lock<std::shared_mutex> lock(mu_);
   Grouping g;
   group_by_shard(keys, n, &g);
@@ -344,14 +383,16 @@ int64_t Table::find_or_insert(const int64_t* keys, int64_t n, float* values, uin
     if (exists) exists[i] = r >= 0 && s.rows.meta(r).last_update != stamp;
     if (r < 0) {
       r = insert_new(s, keys[i], h, stamp);
-      init_.fill(static_cast<uint64_t>(keys[i]), s.rows.row(r));
+      fill_initial(static_cast<uint64_t>(keys[i]), s.rows.row(r));
     }
-    std::memcpy(values + i * dim_, s.rows.row(r), sizeof(float) * dim_);
+    std::memcpy(values + i * rb, s.rows.row(r), rb);
   });
   return enforce_capacity();
 }
 
-int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const float* values) {
+int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const void* values_in) {
+  const unsigned char* values = static_cast<const unsigned char*>(values_in);
+  const size_t rb = row_bytes();
   std::unique_lock<std::shared_mutex> lock(mu_);
   Grouping g;
   group_by_shard(keys, n, &g);
@@ -359,27 +400,29 @@ int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const float* val
   const int64_t stamp = ++clock_;
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
     if (r < 0) r = insert_new(s, keys[i], h, stamp);
-    std::memcpy(s.rows.row(r), values + i * dim_, sizeof(float) * dim_);
+    std::memcpy(s.rows.row(r), values + i * rb, rb);
     s.rows.meta(r).last_update = stamp;
     bump_count(s.rows.meta(r).count);
   });
   return enforce_capacity();
 }
 
-int64_t Table::accum(const int64_t* keys, int64_t n, const float* deltas, const uint8_t* exists) {
+int64_t Table::accum(const int64_t* keys, int64_t n, const void* deltas_in,
+                     const uint8_t* exists) {
+  const unsigned char* deltas = static_cast<const unsigned char*>(deltas_in);
+  const size_t rb = row_bytes();
   std::unique_lock<std::shared_mutex> lock(mu_);
   Grouping g;
   group_by_shard(keys, n, &g);
   prepare_inserts(g, n);
   const int64_t stamp = ++clock_;
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
-    const float* d = deltas + i * dim_;
+    const unsigned char* d = deltas + i * rb;
     if (r < 0 && !exists[i]) {
       r = insert_new(s, keys[i], h, stamp);
-      std::memcpy(s.rows.row(r), d, sizeof(float) * dim_);
+      std::memcpy(s.rows.row(r), d, rb);
     } else if (r >= 0 && exists[i]) {
-      float* row = s.rows.row(r);
-      for (int64_t j = 0; j < dim_; ++j) row[j] += d[j];
+      add_values(value_dtype_, s.rows.row(r), d, dim_);
     } else {
       return;
     }
@@ -449,6 +492,7 @@ void Table::reserve(int64_t n) {
 int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grads, float lr,
                                int64_t step) {
   std::unique_lock<std::shared_mutex> lock(mu_);
+  require_trainable();
   if (!optimizer_)
     throw std::invalid_argument("apply_gradients: this table has no optimizer attached");
   const StepArgs args = optimizer_->prepare(lr, step);
@@ -464,6 +508,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
     std::vector<const float*> grad;
     std::vector<int64_t> sum_at;  // offset in `summed`, or -1
     std::vector<float> summed;
+    std::vector<float> widened;   // float16/bfloat16 tables: one row and its slots as float32
     bool ready = false;           // dedup initialised
   };
   std::vector<Work> work(kNumShards);
@@ -475,6 +520,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
     w.grad.reserve(cnt);
     w.sum_at.reserve(cnt);
     w.summed.reserve(static_cast<size_t>(cnt) * dim_);  // untouched until a key repeats
+    if (value_dtype_ != DE_VALUE_FLOAT32) w.widened.resize(static_cast<size_t>(width()));
   });
   prepare_inserts(g, n);
   const int64_t stamp = ++clock_;
@@ -490,7 +536,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
     if (fresh) {
       if (r < 0) {
         r = insert_new(s, keys[i], h, stamp);
-        init_.fill(static_cast<uint64_t>(keys[i]), s.rows.row(r));
+        fill_initial(static_cast<uint64_t>(keys[i]), s.rows.row(r));
       }
       w.rows.push_back(r);
       w.grad.push_back(gi);
@@ -510,7 +556,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
     Shard& s = *shards_[si];
     Work& w = work[si];
     for (size_t u = 0; u < w.rows.size(); ++u) {
-      float* row = s.rows.row(w.rows[u]);
+      float* row = s.rows.row_as<float>(w.rows[u]);
       const float* gu = w.sum_at[u] < 0 ? w.grad[u] : w.summed.data() + w.sum_at[u];
       opt.apply(row, row + dim_, gu, dim_, args);
       s.rows.meta(w.rows[u]).last_update = stamp;
@@ -518,7 +564,29 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
     }
     w = Work();
   };
-  for_each_key(g, keys, dedup, update);
+  // float16/bfloat16: the row and its slots are widened into a float32 scratch row, stepped by
+  // the same float32 kernel, and rounded back (Keras' float32 arithmetic on low-precision
+  // variables). The scratch is per shard, allocated with the rest of the work up front.
+  auto update_widened = [&](int si) {
+    Shard& s = *shards_[si];
+    Work& w = work[si];
+    const int64_t width = s.rows.width();
+    float* scratch = w.widened.data();
+    for (size_t u = 0; u < w.rows.size(); ++u) {
+      unsigned char* row = s.rows.row(w.rows[u]);
+      const float* gu = w.sum_at[u] < 0 ? w.grad[u] : w.summed.data() + w.sum_at[u];
+      values_to_floats(value_dtype_, row, scratch, width);
+      opt.apply(scratch, scratch + dim_, gu, dim_, args);
+      floats_to_values(value_dtype_, scratch, row, width);
+      s.rows.meta(w.rows[u]).last_update = stamp;
+      bump_count(s.rows.meta(w.rows[u]).count);
+    }
+    w = Work();
+  };
+  if (value_dtype_ == DE_VALUE_FLOAT32)
+    for_each_key(g, keys, dedup, update);
+  else
+    for_each_key(g, keys, dedup, update_widened);
   return enforce_capacity();
 }
 
@@ -606,9 +674,12 @@ void check_slot_count(int given, int actual) {
 }
 }  // namespace
 
-int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, float* values,
-                           float* slots, int slots_given, int64_t* last_update,
+int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values_out,
+                           void* slots_out, int slots_given, int64_t* last_update,
                            int64_t* update_count) const {
+  unsigned char* values = static_cast<unsigned char*>(values_out);
+  unsigned char* slots = static_cast<unsigned char*>(slots_out);
+  const size_t rb = row_bytes();
   std::shared_lock<std::shared_mutex> lock(mu_);
   const int64_t ns = num_slots();
   check_slot_count(slots_given, static_cast<int>(ns));
@@ -622,11 +693,10 @@ int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, float* 
       continue;
     }
     for (int64_t r = std::max<int64_t>(0, offset - base); r < sz && written < limit; ++r) {
-      const float* row = rows.row(r);
+      const unsigned char* row = rows.row(r);
       if (keys) keys[written] = rows.meta(r).key;
-      if (values) std::memcpy(values + written * dim_, row, sizeof(float) * dim_);
-      if (slots && ns)
-        std::memcpy(slots + written * ns * dim_, row + dim_, sizeof(float) * ns * dim_);
+      if (values) std::memcpy(values + written * rb, row, rb);
+      if (slots && ns) std::memcpy(slots + written * ns * rb, row + rb, rb * ns);
       if (last_update) last_update[written] = rows.meta(r).last_update;
       if (update_count) update_count[written] = rows.meta(r).count;
       ++written;
@@ -636,9 +706,12 @@ int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, float* 
   return written;
 }
 
-int64_t Table::import_rows(const int64_t* keys, int64_t n, const float* values,
-                           const float* slots, int slots_given, const int64_t* last_update,
+int64_t Table::import_rows(const int64_t* keys, int64_t n, const void* values_in,
+                           const void* slots_in, int slots_given, const int64_t* last_update,
                            const int64_t* update_count) {
+  const unsigned char* values = static_cast<const unsigned char*>(values_in);
+  const unsigned char* slots = static_cast<const unsigned char*>(slots_in);
+  const size_t rb = row_bytes();
   std::unique_lock<std::shared_mutex> lock(mu_);
   const int64_t ns = num_slots();
   check_slot_count(slots_given, static_cast<int>(ns));
@@ -648,9 +721,9 @@ int64_t Table::import_rows(const int64_t* keys, int64_t n, const float* values,
   const int64_t stamp = ++clock_;
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
     if (r < 0) r = insert_new(s, keys[i], h, stamp);
-    float* row = s.rows.row(r);
-    std::memcpy(row, values + i * dim_, sizeof(float) * dim_);
-    if (slots && ns) std::memcpy(row + dim_, slots + i * ns * dim_, sizeof(float) * ns * dim_);
+    unsigned char* row = s.rows.row(r);
+    std::memcpy(row, values + i * rb, rb);
+    if (slots && ns) std::memcpy(row + rb, slots + i * ns * rb, rb * ns);
     s.rows.meta(r).last_update = last_update ? last_update[i] : stamp;
     s.rows.meta(r).count = update_count ? static_cast<uint32_t>(std::min<int64_t>(
                                          std::max<int64_t>(update_count[i], 0), UINT32_MAX))

@@ -32,6 +32,7 @@ class Table final : public Storage {
 
   int64_t dim() const override { return dim_; }
   int key_dtype() const override { return key_dtype_; }
+  int value_dtype() const override { return value_dtype_; }
   int num_slots() const override;
   // {"config":{...},"optimizer":{...}|null} as canonical JSON (config.h).
   std::string describe() const override;
@@ -40,11 +41,12 @@ class Table final : public Storage {
   void set_num_threads(int n) override { num_threads_ = n; }
 
   // All keys are int64 here; the C ABI widens int32 keys at the boundary.
-  void find(const int64_t* keys, int64_t n, float* values, uint8_t* exists) const override;
-  int64_t find_or_insert(const int64_t* keys, int64_t n, float* values,
+  // Values, deltas and slots are in the table's value dtype; gradients are float32.
+  void find(const int64_t* keys, int64_t n, void* values, uint8_t* exists) const override;
+  int64_t find_or_insert(const int64_t* keys, int64_t n, void* values,
                          uint8_t* exists) override;
-  int64_t insert_or_assign(const int64_t* keys, int64_t n, const float* values) override;
-  int64_t accum(const int64_t* keys, int64_t n, const float* deltas,
+  int64_t insert_or_assign(const int64_t* keys, int64_t n, const void* values) override;
+  int64_t accum(const int64_t* keys, int64_t n, const void* deltas,
                 const uint8_t* exists) override;
   void erase(const int64_t* keys, int64_t n) override;
   void clear() override;
@@ -56,13 +58,13 @@ class Table final : public Storage {
                    int64_t n) override;
   // `slots_given` is the slot count the caller sized `slots` for (-1: no slots buffer); a
   // mismatch with the table's (checked under the lock) throws.
-  int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, float* values, float* slots,
+  int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values, void* slots,
                       int slots_given, int64_t* last_update,
                       int64_t* update_count) const override;
-  int64_t import_rows(const int64_t* keys, int64_t n, const float* values, const float* slots,
+  int64_t import_rows(const int64_t* keys, int64_t n, const void* values, const void* slots,
                       int slots_given, const int64_t* last_update,
                       const int64_t* update_count) override;
-  void initial_values(const int64_t* keys, int64_t n, float* values) const override;
+  void initial_values(const int64_t* keys, int64_t n, void* values) const override;
 
   int64_t clock() const override { return clock_.load(); }
   void set_clock(int64_t c) override { clock_.store(c); }
@@ -77,7 +79,8 @@ class Table final : public Storage {
 
  private:
   struct Shard {
-    explicit Shard(int64_t width, int64_t chunk_shift) : rows(width, chunk_shift) {}
+    Shard(int64_t width, size_t elem_size, int64_t chunk_shift)
+        : rows(width, elem_size, chunk_shift) {}
     KeyIndex index;
     RowStore rows;
   };
@@ -108,7 +111,16 @@ class Table final : public Storage {
   void prepare_inserts(const Grouping& g, int64_t n_rows_for_eviction);
   // Inserts a new row for key (hash h) in shard s with its initial value and slots.
   int64_t insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp);
-  void init_slots(float* row) const;
+  void init_slots(unsigned char* row) const;
+  // Writes key's initial row (dim elements of the value dtype) to out.
+  void fill_initial(uint64_t key, unsigned char* out) const {
+    if (value_dtype_ == DE_VALUE_FLOAT32) init_.fill(key, reinterpret_cast<float*>(out));
+    else fill_initial_converted(key, out);
+  }
+  void fill_initial_converted(uint64_t key, unsigned char* out) const;
+  // Throws std::invalid_argument if this table's value dtype cannot be trained.
+  void require_trainable() const;
+  size_t row_bytes() const { return value_size_ * static_cast<size_t>(dim_); }
   void erase_row(Shard& s, int64_t row);
   void rebuild_rows(int64_t new_width);
   // Evicts by the configured policy down to the capacity; caller holds the lock exclusively.
@@ -122,7 +134,10 @@ class Table final : public Storage {
 
   int64_t dim_;
   int key_dtype_;
+  int value_dtype_;    // DE_VALUE_*
+  size_t value_size_;  // bytes per element
   Initializer init_;
+  std::vector<unsigned char> initial_row_;  // see TableOptions::initial_row
   std::string config_json_;  // canonical JSON of the config as given, defaults filled in
   int64_t capacity_ = 0;
   RestrictBy evict_policy_ = RestrictBy::kRecency;

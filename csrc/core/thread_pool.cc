@@ -92,7 +92,22 @@ Pool& pool() {
   return *p;
 }
 
+thread_local ExternalScheduler t_scheduler;
+
+// One helper scheduled on an external scheduler: owns a reference to the job until it ran.
+void run_external_helper(void* arg) {
+  auto* job = static_cast<std::shared_ptr<Job>*>(arg);
+  (*job)->run_tasks();
+  delete job;
+}
+
 }  // namespace
+
+ExternalScheduler set_thread_scheduler(ExternalScheduler s) {
+  ExternalScheduler prev = t_scheduler;
+  t_scheduler = s;
+  return prev;
+}
 
 int hardware_threads() {
   static const int n = std::max(1u, std::thread::hardware_concurrency());
@@ -110,7 +125,12 @@ void parallel_for(int64_t num_tasks, int max_threads, const std::function<void(i
   auto job = std::make_shared<Job>();
   job->fn = &fn;
   job->num_tasks = num_tasks;
-  pool().offer(job, threads - 1);
+  if (t_scheduler.fn) {
+    for (int i = 0; i < threads - 1; ++i)
+      t_scheduler.fn(t_scheduler.context, run_external_helper, new std::shared_ptr<Job>(job));
+  } else {
+    pool().offer(job, threads - 1);
+  }
   job->run_tasks();
   {
     std::unique_lock<std::mutex> lock(job->mu);

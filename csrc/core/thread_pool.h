@@ -17,6 +17,15 @@ void parallel_for(int64_t num_tasks, int max_threads, const std::function<void(i
 
 int hardware_threads();
 
+// A scheduler of the calling thread's framework (de_set_thread_scheduler): when set, parallel_for
+// called on this thread offers its helper tasks to it instead of to the core's pool.
+struct ExternalScheduler {
+  void (*fn)(void* context, void (*task)(void*), void* arg) = nullptr;
+  void* context = nullptr;
+};
+// Sets this thread's scheduler ({} = the core's pool); returns the previous one.
+ExternalScheduler set_thread_scheduler(ExternalScheduler s);
+
 }  // namespace dualemb
 
 #endif  // DUALEMB_THREAD_POOL_H_

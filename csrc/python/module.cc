@@ -11,8 +11,13 @@
 
 #include "dualemb_core.h"
 #include "string_keys.h"
+#include "value_buffers.h"
 
 namespace py = pybind11;
+
+using dualemb_py::value_buffer;
+using dualemb_py::value_dtype_name;
+using dualemb_py::value_input;
 
 namespace {
 
@@ -61,14 +66,18 @@ KeyView key_view(const py::array& keys) {
   return {keys.data(), static_cast<int64_t>(keys.size()), code};
 }
 
-float* float_buffer(py::array& a, int64_t expected, const char* name) {
-  if (!a.dtype().is(py::dtype::of<float>()) || !(a.flags() & py::array::c_style) ||
-      !a.writeable())
-    throw py::value_error(std::string(name) + " must be a writable C-contiguous float32 array");
-  if (a.size() != expected)
-    throw py::value_error(std::string(name) + " has " + std::to_string(a.size()) +
-                          " elements, expected " + std::to_string(expected));
-  return static_cast<float*>(a.mutable_data());
+// What the value buffers of a call must be: dim elements per row of the table's value dtype.
+struct RowFormat {
+  int64_t dim;
+  int32_t value_dtype;
+};
+
+RowFormat row_format(int64_t id) {
+  RowFormat f;
+  int32_t kd, ns;
+  check(de_table_dims(id, &f.dim, &kd, &ns));
+  check(de_value_dtype(id, &f.value_dtype));
+  return f;
 }
 
 const float* float_input(const py::array& a, int64_t expected, const char* name) {
@@ -151,6 +160,11 @@ PYBIND11_MODULE(_core, m) {
     check(de_table_dims(id, &dim, &kd, &ns));
     return py::make_tuple(dim, kd, ns);
   });
+  m.def("value_dtype", [](int64_t id) {
+    int32_t vd;
+    check(de_value_dtype(id, &vd));
+    return vd;
+  });
   m.def("set_optimizer", [](int64_t id, const std::string& spec) {
     int rc;
     {
@@ -163,7 +177,8 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("find", [](int64_t id, py::array keys, py::array values, py::object exists) {
     KeyView k = key_view(keys);
-    float* v = float_buffer(values, k.n * dim_of(id), "values");
+    RowFormat f = row_format(id);
+    void* v = value_buffer(values, k.n * f.dim, f.value_dtype, "values");
     uint8_t* e = optional_buffer<uint8_t>(exists, k.n, "exists");
     int rc;
     {
@@ -174,7 +189,8 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("find_or_insert", [](int64_t id, py::array keys, py::array values, py::object exists) {
     KeyView k = key_view(keys);
-    float* v = float_buffer(values, k.n * dim_of(id), "values");
+    RowFormat f = row_format(id);
+    void* v = value_buffer(values, k.n * f.dim, f.value_dtype, "values");
     uint8_t* e = optional_buffer<uint8_t>(exists, k.n, "exists");
     int64_t evicted = 0;
     int rc;
@@ -187,7 +203,8 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("insert_or_assign", [](int64_t id, py::array keys, py::array values) {
     KeyView k = key_view(keys);
-    const float* v = float_input(values, k.n * dim_of(id), "values");
+    RowFormat f = row_format(id);
+    const void* v = value_input(values, k.n * f.dim, f.value_dtype, "values");
     int64_t evicted = 0;
     int rc;
     {
@@ -199,7 +216,8 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("accum", [](int64_t id, py::array keys, py::array deltas, py::array exists) {
     KeyView k = key_view(keys);
-    const float* d = float_input(deltas, k.n * dim_of(id), "deltas");
+    RowFormat f = row_format(id);
+    const void* d = value_input(deltas, k.n * f.dim, f.value_dtype, "deltas");
     const uint8_t* e = typed_input<uint8_t>(exists, k.n, "exists");
     int64_t evicted = 0;
     int rc;
@@ -275,16 +293,17 @@ PYBIND11_MODULE(_core, m) {
     int64_t limit = keys.size();
     KeyView k = key_view(keys);
     if (!keys.writeable()) throw py::value_error("keys buffer must be writable");
-    int64_t dim = dim_of(id);
-    float* v = float_buffer(values, limit * dim, "values");
-    float* sl = nullptr;
+    RowFormat f = row_format(id);
+    const int64_t dim = f.dim;
+    void* v = value_buffer(values, limit * dim, f.value_dtype, "values");
+    void* sl = nullptr;
     int32_t ns = 0;
     int64_t* lu = nullptr;
     int64_t* uc = nullptr;
     if (!slots.is_none()) {
       py::array a = slots.cast<py::array>();
       ns = slots_in(a, limit, dim, "slots");
-      sl = float_buffer(a, limit * dim * ns, "slots");
+      sl = value_buffer(a, limit * dim * ns, f.value_dtype, "slots");
     }
     lu = optional_buffer<int64_t>(last_update, limit, "last_update");
     uc = optional_buffer<int64_t>(update_count, limit, "update_count");
@@ -300,13 +319,15 @@ PYBIND11_MODULE(_core, m) {
   m.def("import_rows", [](int64_t id, py::array keys, py::array values, py::object slots,
                           py::object last_update, py::object update_count) {
     KeyView k = key_view(keys);
-    int64_t dim = dim_of(id);
-    const float* v = float_input(values, k.n * dim, "values");
+    RowFormat f = row_format(id);
+    const int64_t dim = f.dim;
+    const void* v = value_input(values, k.n * dim, f.value_dtype, "values");
     int32_t ns = 0;
-    const float* sl = nullptr;
+    const void* sl = nullptr;
     if (!slots.is_none()) {
-      ns = slots_in(slots.cast<py::array>(), k.n, dim, "slots");
-      sl = typed_input<float>(slots, k.n * dim * ns, "slots");
+      py::array a = slots.cast<py::array>();
+      ns = slots_in(a, k.n, dim, "slots");
+      sl = value_input(a, k.n * dim * ns, f.value_dtype, "slots");
     }
     const int64_t* lu = typed_input<int64_t>(last_update, k.n, "last_update");
     const int64_t* uc = typed_input<int64_t>(update_count, k.n, "update_count");
@@ -321,7 +342,8 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("initial_values", [](int64_t id, py::array keys, py::array values) {
     KeyView k = key_view(keys);
-    float* v = float_buffer(values, k.n * dim_of(id), "values");
+    RowFormat f = row_format(id);
+    void* v = value_buffer(values, k.n * f.dim, f.value_dtype, "values");
     int rc;
     {
       py::gil_scoped_release release;

@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "value_buffers.h"
+
 namespace py = pybind11;
 
 namespace dualemb_py {
@@ -33,6 +35,12 @@ T* out_buffer(const py::object& o, int64_t elements, const char* name) {
     throw py::value_error(std::string(name) + " has the wrong dtype or layout");
   if (a.size() != elements) throw py::value_error(std::string(name) + " has the wrong size");
   return static_cast<T*>(a.mutable_data());
+}
+
+void* value_out(const py::object& o, int64_t elements, int32_t value_dtype, const char* name) {
+  if (o.is_none()) return nullptr;
+  py::array a = o.cast<py::array>();
+  return value_buffer(a, elements, value_dtype, name);
 }
 
 }  // namespace
@@ -68,10 +76,12 @@ void bind_string_keys(py::module_& m) {
                                   py::object slots, int32_t num_slots, py::object last_update,
                                   py::object update_count) {
     int64_t dim;
-    int32_t kd, ns;
+    int32_t kd, ns, vd;
     check(de_table_dims(id, &dim, &kd, &ns));
-    float* v = out_buffer<float>(values, limit * dim, "values");
-    float* sl = out_buffer<float>(slots, limit * dim * num_slots, "slots");
+    check(de_value_dtype(id, &vd));
+    // Rows and slots come back in the table's value dtype.
+    void* v = value_out(values, limit * dim, vd, "values");
+    void* sl = value_out(slots, limit * dim * num_slots, vd, "slots");
     int64_t* lu = out_buffer<int64_t>(last_update, limit, "last_update");
     int64_t* uc = out_buffer<int64_t>(update_count, limit, "update_count");
     std::vector<char> bytes(static_cast<size_t>(std::max<int64_t>(4096, 32 * limit)));

@@ -365,6 +365,51 @@ static void test_ownership() {
   }
 }
 
+// Rows in their value dtype through the C ABI: byte-exact storage, int8 accum wrapping around
+// (UBSan would flag a signed overflow), float16 accum rounding, slots in the dtype, and training
+// refused for integer tables with the table unchanged.
+static void test_value_dtypes() {
+  int64_t id = make(R"({"dim": 2, "value_dtype": "int8", "initializer": "constant", "value": -3})");
+  int32_t vd = -1;
+  OK(de_value_dtype(id, &vd));
+  CHECK(vd == DE_VALUE_INT8);
+  int64_t keys[2] = {7, 8};
+  int8_t rows[4] = {127, -128, 5, 6}, out[4] = {0, 0, 0, 0};
+  uint8_t exists[2];
+  OK(de_find(id, DE_KEY_INT64, keys, 2, out, exists));
+  CHECK(out[0] == -3 && out[3] == -3 && exists[0] == 0);
+  OK(de_insert_or_assign(id, DE_KEY_INT64, keys, 2, rows, nullptr));
+  int8_t deltas[4] = {1, -1, 1, 1};
+  uint8_t present[2] = {1, 1};
+  OK(de_accum(id, DE_KEY_INT64, keys, 2, deltas, present, nullptr));
+  OK(de_find(id, DE_KEY_INT64, keys, 2, out, nullptr));
+  CHECK(out[0] == -128 && out[1] == 127 && out[2] == 6 && out[3] == 7);
+  float grads[4] = {1, 1, 1, 1};
+  CHECK(de_apply_gradients(id, DE_KEY_INT64, keys, 2, grads, 0.1f, 1, nullptr) == -1);
+  CHECK(std::strstr(de_last_error(), "int8 cannot be trained") != nullptr);
+  CHECK(de_set_optimizer(id, R"({"name": "sgd"})") == -1);
+  OK(de_find(id, DE_KEY_INT64, keys, 2, out, nullptr));
+  CHECK(out[0] == -128 && out[3] == 7);
+  OK(de_table_destroy(id));
+  // A random initializer cannot fill an integer row.
+  CHECK(de_table_create(0, R"({"dim": 2, "value_dtype": "int32", "initializer": "normal"})",
+                        &id) == -1);
+
+  // float16: 1 + 2^-11 is a tie between 1 and 1 + 2^-10, rounded to the even 1.
+  id = make(R"({"dim": 1, "value_dtype": "float16"})");
+  uint16_t one = 0x3c00, tiny = 0x1000, got = 0;  // 1.0 and 2^-11
+  OK(de_insert_or_assign(id, DE_KEY_INT64, keys, 1, &one, nullptr));
+  OK(de_accum(id, DE_KEY_INT64, keys, 1, &tiny, present, nullptr));
+  OK(de_find(id, DE_KEY_INT64, keys, 1, &got, nullptr));
+  CHECK(got == 0x3c00);
+  OK(de_set_optimizer(id, R"({"name": "adagrad"})"));  // slot starts at 0.1 -> 0x2e66
+  uint16_t v[1], slot[1];
+  int64_t k = 0, n = 0;
+  OK(de_export(id, 0, 1, DE_KEY_INT64, &k, v, slot, 1, nullptr, nullptr, &n));
+  CHECK(n == 1 && v[0] == 0x3c00 && slot[0] == 0x2e66);
+  OK(de_table_destroy(id));
+}
+
 int run_string_key_tests();  // string_keys_tests.cc
 
 int main() {
@@ -376,6 +421,7 @@ int main() {
   test_null_outputs();
   test_failures_leave_the_table_unchanged();
   test_memory_is_given_back();
+  test_value_dtypes();
   g_failures += run_string_key_tests();
   if (g_failures) {
     std::fprintf(stderr, "%d check(s) failed\n", g_failures);

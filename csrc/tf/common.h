@@ -12,6 +12,8 @@
 #define DUALEMB_TF_COMMON_H_
 
 #include <cstdint>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -97,6 +99,35 @@ inline absl::Status ScalarInput(OpKernelContext* ctx, int index, const char* wha
   return absl::OkStatus();
 }
 
+// While alive, batched core calls made by this thread take their helper threads from the
+// executor's runner (TF's inter-op pool) instead of the core's own pool. Inside a tf.function the
+// kernel runs on an inter-op thread while the pool's other threads spin waiting for work; with
+// the core's own helpers beside them, two spinning threads and two working ones share the cores
+// and a graph-mode call ran several times slower than the same call made eagerly. Handing the
+// helpers to the runner puts the spinning threads to work instead.
+class ScopedRunnerHelpers {
+ public:
+  explicit ScopedRunnerHelpers(OpKernelContext* ctx) {
+    Runner* runner = ctx->runner();
+    set_ = runner != nullptr && static_cast<bool>(*runner);
+    if (set_) de_set_thread_scheduler(&Schedule, runner, &prev_fn_, &prev_ctx_);
+  }
+  ~ScopedRunnerHelpers() {
+    if (set_) de_set_thread_scheduler(prev_fn_, prev_ctx_, nullptr, nullptr);
+  }
+  ScopedRunnerHelpers(const ScopedRunnerHelpers&) = delete;
+  ScopedRunnerHelpers& operator=(const ScopedRunnerHelpers&) = delete;
+
+ private:
+  using Runner = std::function<void(std::function<void()>)>;
+  static void Schedule(void* runner, void (*task)(void*), void* arg) {
+    (*static_cast<Runner*>(runner))([task, arg] { task(arg); });
+  }
+  bool set_ = false;
+  de_scheduler_fn prev_fn_ = nullptr;
+  void* prev_ctx_ = nullptr;
+};
+
 // A table's shape facts, read from the core (also validates that the table exists).
 struct TableDims {
   int64_t dim = 0;
@@ -132,30 +163,61 @@ class TableResource : public ::tensorflow::ResourceBase {
     return de_memory_bytes(id_, &bytes) == 0 ? bytes : 0;
   }
 
+  // The table's dim and key dtype (num_slots left 0), asked from the core once: they never
+  // change, and asking costs a server round trip on a Redis table. Ops that need the slot count,
+  // which changes when an optimizer is attached, call GetDims instead.
+  absl::Status FixedDims(const std::string& op, TableDims* d) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!have_dims_) {
+      TableDims fresh;
+      TF_RETURN_IF_ERROR(GetDims(op, id_, &fresh));
+      dim_ = fresh.dim;
+      key_dtype_ = fresh.key_dtype;
+      have_dims_ = true;
+    }
+    d->dim = dim_;
+    d->key_dtype = key_dtype_;
+    d->num_slots = 0;
+    return absl::OkStatus();
+  }
+
  private:
   const int64_t id_;
+  std::mutex mu_;
+  bool have_dims_ = false;
+  int64_t dim_ = 0;
+  int32_t key_dtype_ = 0;
 };
 
-// The core id of the table whose handle is input `index`. The input tensor holds a reference to
-// the resource for the whole Compute call, so the id stays valid while the kernel uses it.
-inline absl::Status TableIdInput(OpKernelContext* ctx, int index, int64_t* id) {
-  ::tensorflow::core::RefCountPtr<TableResource> table;
+// The table whose handle is input `index`. The input tensor holds a reference to the resource
+// for the whole Compute call; `table` holds another while it lives.
+inline absl::Status TableInput(OpKernelContext* ctx, int index,
+                               ::tensorflow::core::RefCountPtr<TableResource>* table) {
   absl::Status s = ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, index),
-                                                &table);
+                                                table);
   if (!s.ok())
     return absl::InvalidArgumentError(ctx->op_kernel().name() +
                                       ": input " + std::to_string(index) +
                                       " is not a dualemb table handle: " +
                                       std::string(s.message()));
+  return absl::OkStatus();
+}
+
+// The core id of the table whose handle is input `index`.
+inline absl::Status TableIdInput(OpKernelContext* ctx, int index, int64_t* id) {
+  ::tensorflow::core::RefCountPtr<TableResource> table;
+  TF_RETURN_IF_ERROR(TableInput(ctx, index, &table));
   *id = table->id();
   return absl::OkStatus();
 }
 
-// Input 0 of every table op is the table handle: reads its core id and the table's dims.
+// Input 0 of every table op is the table handle: reads its core id, dim and key dtype (d->num_slots
+// is left 0: see TableResource::FixedDims).
 inline absl::Status TableOf(OpKernelContext* ctx, int64_t* id, TableDims* d) {
-  absl::Status s = TableIdInput(ctx, 0, id);
-  if (!s.ok()) return s;
-  return GetDims(ctx->op_kernel().name(), *id, d);
+  ::tensorflow::core::RefCountPtr<TableResource> table;
+  TF_RETURN_IF_ERROR(TableInput(ctx, 0, &table));
+  *id = table->id();
+  return table->FixedDims(ctx->op_kernel().name(), d);
 }
 
 // Sets output `index` to an int64 scalar.

@@ -93,7 +93,8 @@ class ImportOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     int64_t id;
     TableDims d;
-    OP_REQUIRES_OK(ctx, TableOf(ctx, &id, &d));
+    OP_REQUIRES_OK(ctx, TableIdInput(ctx, 0, &id));
+    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));  // with the current slot count
     const Tensor& keys = ctx->input(1);
     const Tensor& values = ctx->input(2);
     const Tensor& slots = ctx->input(3);
@@ -127,6 +128,7 @@ class ImportOp : public OpKernel {
     const int64_t* count_ptr = nullptr;
     OP_REQUIRES_OK(ctx, meta(last, "last_update", &last_ptr));
     OP_REQUIRES_OK(ctx, meta(count, "update_count", &count_ptr));
+    ScopedRunnerHelpers helpers(ctx);
     if (clear_) DE_CORE_CALL(ctx, de_clear(id));
     int64_t evicted = 0;
     if (n > 0) {

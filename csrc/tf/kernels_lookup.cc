@@ -32,6 +32,7 @@ class FindOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, keys.shape(), &exists));
     const int64_t n = keys.NumElements();
     int64_t evicted = 0;
+    ScopedRunnerHelpers helpers(ctx);
     if (n > 0) {
       float* out = values->flat<float>().data();
       auto* ex = reinterpret_cast<uint8_t*>(exists->flat<bool>().data());
@@ -61,6 +62,7 @@ class InsertOrAssignOp : public OpKernel {
     const Tensor& values = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
     OP_REQUIRES_OK(ctx, CheckRows(name(), "values", d, keys, values));
+    ScopedRunnerHelpers helpers(ctx);
     int64_t evicted = 0;
     if (keys.NumElements() > 0) {
       DE_CORE_CALL(ctx, de_insert_or_assign(id, d.key_dtype, CoreKeys(keys).ptr(), keys.NumElements(),
@@ -87,6 +89,7 @@ class AccumOp : public OpKernel {
                 absl::InvalidArgumentError(name() + ": exists has shape " +
                                            exists.shape().DebugString() + ", expected keys' " +
                                            keys.shape().DebugString()));
+    ScopedRunnerHelpers helpers(ctx);
     int64_t evicted = 0;
     if (keys.NumElements() > 0) {
       DE_CORE_CALL(ctx, de_accum(id, d.key_dtype, CoreKeys(keys).ptr(), keys.NumElements(),
@@ -108,6 +111,7 @@ class EraseOp : public OpKernel {
     OP_REQUIRES_OK(ctx, TableOf(ctx, &id, &d));
     const Tensor& keys = ctx->input(1);
     OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
+    ScopedRunnerHelpers helpers(ctx);
     if (keys.NumElements() > 0) {
       DE_CORE_CALL(ctx, de_erase(id, d.key_dtype, CoreKeys(keys).ptr(), keys.NumElements()));
     }

@@ -109,6 +109,13 @@ class TableAttachOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     int64_t id;
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, 0, "table_id", &id));
+    // The kernels pass float32 row buffers: a table of another value dtype would be misread.
+    int32_t value_dtype = -1;
+    DE_CORE_CALL(ctx, de_value_dtype(id, &value_dtype));
+    OP_REQUIRES(ctx, value_dtype == DE_VALUE_FLOAT32,
+                ::tensorflow::errors::InvalidArgument(
+                    "table ", id, " stores values of dtype code ", value_dtype,
+                    " (not float32); the dualemb.tf ops read and write float32 rows"));
     DE_CORE_CALL(ctx, de_table_retain(id));
     OutputTableHandle(ctx, id);
   }

@@ -12,17 +12,17 @@ class ApplyGradientsOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     int64_t id, step;
-    OP_REQUIRES_OK(ctx, TableIdInput(ctx, 0, &id));
+    TableDims d;
+    OP_REQUIRES_OK(ctx, TableOf(ctx, &id, &d));
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, 4, "step", &step));
     const Tensor& lr = ctx->input(3);
     OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(lr.shape()),
                 absl::InvalidArgumentError(name() + ": learning_rate must be a scalar"));
-    TableDims d;
-    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));
     const Tensor& keys = ctx->input(1);
     const Tensor& grads = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
     OP_REQUIRES_OK(ctx, CheckRows(name(), "gradients", d, keys, grads));
+    ScopedRunnerHelpers helpers(ctx);
     int64_t evicted = 0;
     if (keys.NumElements() > 0) {
       DE_CORE_CALL(ctx, de_apply_gradients(id, d.key_dtype, CoreKeys(keys).ptr(), keys.NumElements(),
@@ -43,18 +43,18 @@ class RestrictOp : public OpKernel {
 
   void Compute(OpKernelContext* ctx) override {
     int64_t id, num_reserved;
-    OP_REQUIRES_OK(ctx, TableIdInput(ctx, 0, &id));
+    TableDims d;
+    OP_REQUIRES_OK(ctx, TableOf(ctx, &id, &d));
     OP_REQUIRES_OK(ctx, ScalarInput(ctx, 1, "num_reserved", &num_reserved));
     OP_REQUIRES(ctx, num_reserved >= 0,
                 absl::InvalidArgumentError(name() + ": num_reserved must be >= 0, got " +
                                            std::to_string(num_reserved)));
-    TableDims d;
-    OP_REQUIRES_OK(ctx, GetDims(name(), id, &d));
     const Tensor& keys = ctx->input(2);
     const Tensor& scores = ctx->input(3);
     OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
     OP_REQUIRES(ctx, scores.NumElements() == keys.NumElements(),
                 absl::InvalidArgumentError(name() + ": scores must have one entry per key"));
+    ScopedRunnerHelpers helpers(ctx);
     int64_t removed = 0;
     const bool custom = policy_ == DE_RESTRICT_CUSTOM;
     CoreKeys core_keys(keys);

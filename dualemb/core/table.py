@@ -19,6 +19,15 @@ Evictions keep the ``capacity`` keys that rank best by the ``evict_policy`` scor
 larger than the capacity keeps a defined subset: with all of its keys new (one write, one stamp,
 equal counts), its ``capacity`` smallest keys.
 
+Value dtypes: rows (and optimizer slots) are stored in the table's ``value_dtype`` (float32,
+float16, bfloat16 — ``ml_dtypes.bfloat16`` —, float64, int8, int32 or int64; float16/bfloat16 take 2
+bytes per element), and every method returns arrays of that dtype. Inputs convert by the rule of
+``dualemb.core.value_dtypes.as_values``: floats round into float tables, integer tables take only
+integers that fit, anything else raises TypeError. Training needs float32, float16 or bfloat16
+(gradients are float32; a float16/bfloat16 row is stepped in float32 and rounded back). Integer
+tables take only constant initializers (zeros, a number, a vector) exact in their dtype; random
+initializers give float16/bfloat16/float64 tables the float32 row of (seed, key), converted.
+
 Memory: rows live in chunks mapped from the OS; ``clear()`` frees every chunk and index array at
 once, ``erase``/``restrict`` free chunks as they empty (one spare chunk per shard is kept for
 reuse) and shrink a shard's index when it is under 1/8 full. ``memory_bytes()`` reports what is
@@ -36,6 +45,7 @@ from dualemb._native import load_extension
 from dualemb.core import _string_keys
 from dualemb.core import initializers as _inits
 from dualemb.core import optimizers as _opts
+from dualemb.core import value_dtypes as _vd
 from dualemb.core.spec import parse_description, to_spec
 
 _core = load_extension("_core")
@@ -73,6 +83,22 @@ def _backend_members(backend) -> dict:
     raise ValueError(f"unknown backend {backend!r} (None, 'memory' or {{'redis': {{...}}}})")
 
 
+def _initializer_members(initializer, value_dtype: str) -> dict:
+    """The initializer's config members. Numbers given for a non-float32 table keep their exact
+    value (an int stays an int, a float64 is not rounded to float32); the core checks that they
+    are exact in the dtype."""
+    if value_dtype != "float32" and not isinstance(initializer, (dict, str, type(None))):
+        if isinstance(initializer, (int, np.integer)) and not isinstance(initializer, bool):
+            return {"initializer": "constant", "value": int(initializer)}
+        if isinstance(initializer, (list, tuple, np.ndarray)):
+            arr = np.asarray(initializer).reshape(-1)
+            if arr.dtype.kind in "iu":
+                return {"initializer": "vector", "values": [int(v) for v in arr]}
+            if arr.dtype.kind == "f":
+                return {"initializer": "vector", "values": [float(v) for v in arr]}
+    return _inits.canonical(initializer)
+
+
 class Table:
     """A dynamic embedding table in the process-wide registry of libdualemb_core.
 
@@ -81,6 +107,9 @@ class Table:
       key_dtype: "int64" (default), "int32" or "string" (keys are byte strings compared by
         their bytes; str keys are UTF-8 encoded; export returns an object array of bytes; see
         dualemb/core/_string_keys.py).
+      value_dtype: "float32" (default), "float16", "bfloat16", "float64", "int8", "int32" or
+        "int64" (or the numpy / ml_dtypes type): the dtype rows and slots are stored and
+        returned in (see the module doc).
       initializer: row a missing key reads as, and a new key starts from: None (zeros), a number,
         an array of length dim or 1, or a ``dualemb.core.initializers`` spec.
       optimizer: optional ``dualemb.core.optimizers`` spec (dict, JSON text, or a name); its
@@ -104,10 +133,9 @@ class Table:
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim <= 0:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
         kd = _key_dtype_name(key_dtype)
-        if np.dtype(value_dtype) != np.float32:
-            raise TypeError(f"unsupported value dtype {value_dtype!r} (supported: float32)")
-        init = _inits.canonical(initializer)
-        config = {"dim": int(dim), "key_dtype": kd, **init}
+        vd = _vd.name_of(value_dtype)
+        init = _initializer_members(initializer, vd)
+        config = {"dim": int(dim), "key_dtype": kd, "value_dtype": vd, **init}
         if capacity:
             config.update(capacity=int(capacity), evict_policy=evict_policy)
         if num_threads:
@@ -144,6 +172,8 @@ class Table:
         self._dim = int(dim)
         self._key_dtype_name = _KEY_DTYPE_CODES[int(kd)]
         self._key_dtype = KEY_DTYPES[self._key_dtype_name]
+        self._value_dtype_name = _vd.CODES[_core.value_dtype(self._id)]
+        self._value_dtype = _vd.NUMPY[self._value_dtype_name]
         self._evicted = threading.local()
 
     def _record_evicted(self, n: int) -> int:
@@ -179,6 +209,11 @@ class Table:
         were evicted by the capacity are dropped in amortised passes, so this stays within
         about 2 * size() + 1024 strings."""
         return tuple(_core.string_keys_stats(self._id))
+
+    @property
+    def value_dtype(self) -> np.dtype:
+        """The dtype rows and slots are stored and returned in."""
+        return self._value_dtype
 
     @property
     def num_slots(self) -> int:
@@ -233,23 +268,23 @@ class Table:
         # np.require keeps a 0-d key 0-d (np.ascontiguousarray would make it shape (1,)).
         return np.require(arr, requirements="C")
 
-    def _rows(self, values, keys: np.ndarray, what: str) -> np.ndarray:
+    def _rows(self, values, keys: np.ndarray, what: str, dtype: str | None = None) -> np.ndarray:
+        """`values` shaped keys.shape + (dim,), in value dtype `dtype` (default: the table's)."""
+        dtype = dtype or self._value_dtype_name
         arr = np.asarray(values)
         if arr.size == 0 and keys.size == 0 and isinstance(values, (list, tuple)):
-            arr = np.zeros(keys.shape + (self._dim,), np.float32)  # [] rows for [] keys
-        if arr.dtype.kind != "f":
-            raise TypeError(f"{what} must be floating point, got dtype {arr.dtype}")
+            arr = np.zeros(keys.shape + (self._dim,), _vd.NUMPY[dtype])  # [] rows for [] keys
         want = keys.shape + (self._dim,)
         if arr.shape != want:
             raise ValueError(f"{what} have shape {arr.shape}, expected keys.shape + (dim,) = {want}")
-        return np.require(arr, np.float32, "C")
+        return _vd.as_values(arr, dtype, what)
 
     # ---- batched operations ------------------------------------------------------------------
     def find(self, keys) -> tuple[np.ndarray, np.ndarray]:
         """Rows of `keys` and whether each exists. Missing keys read as their initializer row
         and are not inserted."""
         k = self._keys(keys)
-        values = np.empty(k.shape + (self._dim,), np.float32)
+        values = np.empty(k.shape + (self._dim,), self._value_dtype)
         exists = np.empty(k.shape, np.uint8)
         _core.find(self._id, k, values, exists)
         return values, exists.view(bool)
@@ -258,7 +293,7 @@ class Table:
         """Like find, but missing keys are inserted with their initializer row. The keys a
         capacity evicted are in ``last_evicted`` (this returns the rows and exists flags)."""
         k = self._keys(keys)
-        values = np.empty(k.shape + (self._dim,), np.float32)
+        values = np.empty(k.shape + (self._dim,), self._value_dtype)
         exists = np.empty(k.shape, np.uint8)
         self._record_evicted(_core.find_or_insert(self._id, k, values, exists))
         return values, exists.view(bool)
@@ -271,7 +306,8 @@ class Table:
 
     def accum(self, keys, deltas, exists) -> int:
         """TFRA's accum: a key absent with exists False is inserted with its delta; a key present
-        with exists True gets row += delta; anything else is ignored."""
+        with exists True gets row += delta; anything else is ignored. Integer rows wrap around
+        on overflow (two's complement); float16/bfloat16 add in float32 and round."""
         k = self._keys(keys)
         e = np.asarray(exists)
         if e.size == 0 and isinstance(exists, (list, tuple)):
@@ -312,9 +348,11 @@ class Table:
 
     def apply_gradients(self, keys, grads, lr: float, step: int) -> int:
         """One fused optimizer step on the rows of `keys` (duplicates' gradients summed; missing
-        keys inserted from the initializer first). `step` is the 1-based update count."""
+        keys inserted from the initializer first). `step` is the 1-based update count.
+        Gradients are float32 whatever the value dtype; a table of a dtype that cannot be
+        trained (float64, integers) raises ValueError, unchanged."""
         k = self._keys(keys)
-        g = self._rows(grads, k, "gradients")
+        g = self._rows(grads, k, "gradients", "float32")
         if isinstance(step, bool) or int(step) != step:
             raise TypeError(f"step must be an integer, got {step!r}")
         return self._record_evicted(_core.apply_gradients(self._id, k, g, float(lr), int(step)))
@@ -347,13 +385,13 @@ class Table:
         if self._key_dtype_name == _string_keys.STRING:
             return self._export_strings(offset, limit)
         keys = np.empty(limit, self._key_dtype)
-        values = np.empty((limit, self._dim), np.float32)
+        values = np.empty((limit, self._dim), self._value_dtype)
         last = np.empty(limit, np.int64)
         count = np.empty(limit, np.int64)
         for attempt in range(3):
             # The core refuses (under its lock) a slots buffer sized for another slot count; an
             # optimizer attached in between through another handle is read again.
-            slots = np.empty((limit, self.num_slots, self._dim), np.float32)
+            slots = np.empty((limit, self.num_slots, self._dim), self._value_dtype)
             try:
                 n = _core.export_page(self._id, offset, keys, values, slots, last, count)
                 break
@@ -366,12 +404,12 @@ class Table:
     def _export_strings(self, offset: int, limit: int) -> dict:
         # As export, with the keys as an object array of bytes (one call: rows and keys are read
         # together under the table's string lock).
-        values = np.empty((limit, self._dim), np.float32)
+        values = np.empty((limit, self._dim), self._value_dtype)
         last = np.empty(limit, np.int64)
         count = np.empty(limit, np.int64)
         for attempt in range(3):
             ns = self.num_slots
-            slots = np.empty((limit, ns, self._dim), np.float32)
+            slots = np.empty((limit, ns, self._dim), self._value_dtype)
             try:
                 n, keys = _core.export_page_strings(self._id, offset, limit, values, slots, ns,
                                                     last, count)
@@ -397,8 +435,8 @@ class Table:
             out[:] = keys
             return out
         keys = np.empty(limit, self._key_dtype)
-        n = _core.export_page(self._id, offset, keys, np.empty((limit, self._dim), np.float32),
-                              None, None, None)
+        n = _core.export_page(self._id, offset, keys,
+                              np.empty((limit, self._dim), self._value_dtype), None, None, None)
         return keys[:n]
 
     def export_pages(self, page_size: int = 1 << 16) -> Iterator[dict]:
@@ -429,11 +467,10 @@ class Table:
         s = None
         if slots is not None:
             s = np.asarray(slots)
-            if s.ndim != 3 or s.shape[0] != k.shape[0] or s.shape[2] != self._dim \
-                    or s.dtype.kind != "f":
-                raise ValueError(f"slots have shape {s.shape} and dtype {s.dtype}, expected "
-                                 f"floats of shape ({k.shape[0]}, num_slots, {self._dim})")
-            s = np.require(s, np.float32, "C")
+            if s.ndim != 3 or s.shape[0] != k.shape[0] or s.shape[2] != self._dim:
+                raise ValueError(f"slots have shape {s.shape}, expected "
+                                 f"({k.shape[0]}, num_slots, {self._dim})")
+            s = _vd.as_values(s, self._value_dtype_name, "slots")
 
         def meta(a, name):
             if a is None:
@@ -450,7 +487,7 @@ class Table:
     def initial_values(self, keys) -> np.ndarray:
         """The initializer's rows for keys (pure function of seed and key; table untouched)."""
         k = self._keys(keys)
-        values = np.empty(k.shape + (self._dim,), np.float32)
+        values = np.empty(k.shape + (self._dim,), self._value_dtype)
         _core.initial_values(self._id, k, values)
         return values
 
@@ -477,4 +514,4 @@ class Table:
 
     def __repr__(self) -> str:
         return (f"Table(id={self._id}, dim={self._dim}, key_dtype={self._key_dtype_name}, "
-                f"size={self.size()})")
+                f"value_dtype={self._value_dtype_name}, size={self.size()})")

@@ -179,6 +179,10 @@ def _plan(path, manifest: dict, name: str, into, optimizer, learning_rate) -> di
         from dualemb.jax.ids import STRING_KEYS_MESSAGE
         raise TypeError(f"table {name!r} of the checkpoint at {path} has string keys: "
                         f"{STRING_KEYS_MESSAGE}")
+    if entry.get("value_dtype", "float32") != "float32":
+        raise _ckpt.CheckpointError(
+            f"table {name!r} stores {entry['value_dtype']} values; dualemb.jax tables hold "
+            "float32 rows (load it with dualemb.core.checkpoint.load instead)")
     metadata = manifest.get("metadata") or {}
     info = dict(metadata.get(META_KEY, {}).get(name, {}))
     info["neutral_learning_rate"] = metadata.get("learning_rates", {}).get(name)

@@ -236,6 +236,14 @@ def check_step(step) -> int:
     return int(step)
 
 
+def require_float32(core: CoreTable) -> None:
+    """The FFI handlers pass float32 row buffers: a core table of another value dtype would be
+    misread, so it is refused (other value dtypes are not wired into dualemb.jax yet)."""
+    if core.value_dtype != np.float32:
+        raise TypeError(f"core table {core.id} stores {core.value_dtype} values; dualemb.jax "
+                        "tables hold float32 rows")
+
+
 def _optimizer(optimizer):
     """(fused Optimizer | GenericOptimizer | None) from what the user passed."""
     if optimizer is None or isinstance(optimizer, _opts.Optimizer):
@@ -318,6 +326,7 @@ def attach(table_id: int, *, optimizer=None, step: int = 0, learning_rate=None) 
     if core.key_dtype_name == "string":
         from dualemb.jax.ids import STRING_KEYS_MESSAGE
         raise TypeError(f"table {int(table_id)} has string keys: {STRING_KEYS_MESSAGE}")
+    require_float32(core)
     opt = _optimizer(optimizer)
     if opt is None:
         spec = core.optimizer

@@ -21,6 +21,7 @@ from dualemb.core import checkpoint as _ckpt
 from dualemb.core.checkpoint import CheckpointError
 from dualemb.tf import remote_shards
 from dualemb.tf import variable_state as state
+from dualemb.tf.distribute import job_checkpoint, replica_shards
 from dualemb.tf.keras_files import own_de_variables
 from dualemb.tf.trainable import is_trainable_wrapper
 from dualemb.tf.variable import Variable
@@ -133,13 +134,24 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
     ``optimizer``, or of ``obj.optimizer``) is recorded as every table's optimizer step. With
     ``include_dense``, a Keras ``obj``'s weights (as ``model/<variable.path>``) and its Keras
     optimizer's variables (as ``optimizer/<variable.path>``) are saved as the checkpoint's dense
-    parameters. Returns name -> Variable of what was saved."""
+    parameters. Returns name -> Variable of what was saved.
+
+    Under a ``MultiWorkerMirroredStrategy`` whose all-to-all embeddings keep each replica's shard
+    in its worker, every worker must call ``save`` with the same ``path`` (a directory all of
+    them see): together they write one checkpoint of the whole job
+    (``dualemb/tf/distribute/job_checkpoint.py``)."""
     variables = find_variables(obj)
     if not variables:
         raise ValueError(f"{obj!r} holds no dualemb de.Variable to save")
     optimizer = _optimizer_for(obj, optimizer)
     if step is None and optimizer is not None:
         step = _iterations(optimizer)
+    strategy = job_checkpoint.job_strategy(variables)
+    if strategy is not None:
+        dense, meta = _save_metadata(obj, variables, optimizer, include_dense, metadata)
+        job_checkpoint.save_job(strategy, os.fspath(path), variables, steps=step,
+                                dense=dense or None, metadata=meta)
+        return variables
     with contextlib.ExitStack() as stack:
         # Shards on PS tasks are gathered through their handles into scratch tables here.
         tables = {name: stack.enter_context(remote_shards.staged_core_shards(var))[0]
@@ -149,10 +161,18 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
 
 
 def _save_tables(obj, path, variables, tables, optimizer, step, include_dense, metadata):
+    dense, meta = _save_metadata(obj, variables, optimizer, include_dense, metadata)
+    _ckpt.save(os.fspath(path), tables, steps=step, dense=dense or None, metadata=meta)
+
+
+def _save_metadata(obj, variables, optimizer, include_dense, metadata) -> tuple[dict, dict]:
+    """(dense weights, the manifest's metadata)."""
     dense, order = _dense_weights(obj, optimizer) if include_dense else ({}, {})
     meta = {"framework": "tensorflow", "writer": "dualemb.tf.save",
-            "variables": {name: {"num_shards": len(t), "dim": int(var.dim)}
-                          for (name, var), t in zip(variables.items(), tables.values())},
+            # An all-to-all Variable's shards are its replicas' (some in other processes).
+            "variables": {name: {"num_shards": (replica_shards.owning_replicas(var)
+                                                or len(var.tables)), "dim": int(var.dim)}
+                          for name, var in variables.items()},
             "dense_order": order}
     lr = _constant_learning_rate(optimizer)
     if lr is not None:
@@ -160,7 +180,7 @@ def _save_tables(obj, path, variables, tables, optimizer, step, include_dense, m
         meta["learning_rates"] = {name: lr for name in variables}
     if metadata:
         meta["user"] = dict(metadata)
-    _ckpt.save(os.fspath(path), tables, steps=step, dense=dense or None, metadata=meta)
+    return dense, meta
 
 
 def load(obj, path, *, optimizer=None, strict=True, load_dense=True):

@@ -13,6 +13,8 @@ and JAX, on any shard count (TFRA draws from a stateful RNG on every lookup inst
   ``tf.constant_initializer``, and their TF1 forms in ``tf.compat.v1`` (``random_normal_initializer``,
   ``truncated_normal_initializer``, ``random_uniform_initializer`` whose ``maxval=None`` means 1,
   ``constant_initializer``, ``zeros_initializer``, ``ones_initializer``).
+- tf_keras (Keras 2) ``RandomNormal``, ``TruncatedNormal``, ``RandomUniform``, ``Zeros``, ``Ones``,
+  ``Constant`` (``tf.keras.initializers`` under ``TF_USE_LEGACY_KERAS=1``).
 - A ``dualemb.core.initializers`` spec dict.
 
 Seeds: an integer seed is used as is. **A seed of None is replaced by a fixed seed derived from
@@ -37,7 +39,8 @@ SUPPORTED = ("None, a number, an array of length dim (or 1), a dualemb.core.init
              "keras.initializers.RandomNormal / TruncatedNormal / RandomUniform / Zeros / Ones / "
              "Constant (or their string names), or tf.random_normal_initializer / "
              "tf.random_uniform_initializer / tf.zeros_initializer / tf.ones_initializer / "
-             "tf.constant_initializer, or their tf.compat.v1 forms")
+             "tf.constant_initializer, or their tf.compat.v1 forms, or tf_keras' RandomNormal / "
+             "TruncatedNormal / RandomUniform / Zeros / Ones / Constant")
 
 _KERAS_RANDOM = {
     keras.initializers.RandomNormal: "normal",
@@ -106,6 +109,25 @@ def _value_spec(value, dim: int) -> dict:
     return core_inits.constant(float(arr[0]))  # TFRA broadcasts the first element
 
 
+_TF_KERAS_KINDS = {"RandomNormal": "normal", "TruncatedNormal": "truncated_normal",
+                   "RandomUniform": "uniform", "Zeros": "zeros", "Ones": "ones",
+                   "Constant": "constant"}
+
+
+# tf_keras' initializers, and TF's own old copy of Keras 2 (tensorflow.python.keras, which TFRA's
+# tests use).
+_KERAS_TWO_MODULES = ("tf_keras.src.initializers.", "tensorflow.python.keras.initializers.")
+
+
+def _tf_keras_kind(initializer):
+    """The kind of a Keras 2 initializer of exactly one of the classes above (what
+    ``tf.keras.initializers`` are under ``TF_USE_LEGACY_KERAS=1``), else None."""
+    cls = type(initializer)
+    if cls.__module__.startswith(_KERAS_TWO_MODULES):
+        return _TF_KERAS_KINDS.get(cls.__name__)
+    return None
+
+
 def to_spec(initializer, dim: int, name: str = "") -> dict:
     """The core initializer spec for a TFRA-style ``initializer`` (see the module docstring)."""
     if initializer is None:
@@ -131,11 +153,14 @@ def to_spec(initializer, dim: int, name: str = "") -> dict:
         if type(initializer) is cls:
             return _random_spec(kind, initializer.get_config(), name)
     kind_of = type(initializer)
-    if kind_of in _ZEROS:
+    keras2 = _tf_keras_kind(initializer)
+    if keras2 in ("normal", "truncated_normal", "uniform"):
+        return _random_spec(keras2, initializer.get_config(), name)
+    if kind_of in _ZEROS or keras2 == "zeros":
         return core_inits.zeros()
-    if kind_of in _ONES:
+    if kind_of in _ONES or keras2 == "ones":
         return core_inits.constant(1.0)
-    if kind_of in _CONSTANT:
+    if kind_of in _CONSTANT or keras2 == "constant":
         return _value_spec(initializer.get_config()["value"], dim)
     raise TypeError(f"unsupported initializer {initializer!r} (type {kind_of.__name__}); "
                     f"supported: {SUPPORTED}")

@@ -49,6 +49,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from dualemb.core import value_dtypes as _value_dtypes
 from dualemb.core.routing import shard_of
 
 __all__ = ["read_tfra_checkpoint", "read_tfra_file_system", "load_tfra_into",
@@ -331,7 +332,8 @@ def read_tfra_file_system(dirpath: str, dim: int | None = None, key_dtype="int64
       dim: row length; by default inferred from the file sizes (needed only if every shard of a
         variable is empty).
       key_dtype, value_dtype: what the files hold (TFRA writes no header, so they cannot be
-        read from the files): int64/int32 keys, float32/float16/float64 values.
+        read from the files): int64/int32 keys; values of any dtype TFRA's tables hold
+        (float32, float16, bfloat16, float64, int8, int32, int64; names or numpy types).
       proc_size: which Horovod world size to read when files of several are present.
       names: variable names ("/" or "_" separated) to return; by default all.
 
@@ -348,11 +350,10 @@ def read_tfra_file_system(dirpath: str, dim: int | None = None, key_dtype="int64
         if subs:
             subs.sort(key=lambda d: int(d.rsplit("-", 1)[1]) if "-" in d else -1)
             dirpath = os.path.join(dirpath, subs[-1])
-    kd, vd = np.dtype(key_dtype), np.dtype(value_dtype)
+    kd = np.dtype(key_dtype)
     if kd.kind != "i":
         raise TypeError(f"key_dtype must be int64 or int32, got {kd}")
-    if vd.kind != "f":
-        raise TypeError(f"value_dtype must be a float type, got {vd}")
+    vd = _value_dtypes.NUMPY[_value_dtypes.name_of(value_dtype)]
     wanted = None if names is None else {_flat(n): n for n in names}
 
     files: dict[tuple, dict[str, str]] = {}
@@ -533,8 +534,6 @@ def load_tfra_into(target, data, name: str | None = None,
         if values.shape[0] and t.dim != values.shape[1]:
             raise ValueError(f"TFRA rows have dim {values.shape[1]} but live table {t.id} has "
                              f"dim {t.dim}")
-    if values.dtype.kind != "f":
-        raise TypeError(f"TFRA values of dtype {values.dtype} cannot go into float32 tables")
     part = partitioner or getattr(target, "partition_fn", None) or default_partition
     shard = _to_numpy(part(keys, n_live)).reshape(-1)
     if shard.shape != keys.shape or (shard.size and (shard.min() < 0 or shard.max() >= n_live)):
@@ -550,7 +549,9 @@ def load_tfra_into(target, data, name: str | None = None,
         plan = plans[s][0]
         for lo in range(0, len(idx), page_rows):
             sel = idx[lo:lo + page_rows]
-            k, v = keys[sel], values[sel].astype(np.float32, copy=False)
+            # Converted to the live table's value dtype (a TypeError names a lossy mismatch).
+            k = keys[sel]
+            v = _value_dtypes.as_values(values[sel], t.value_dtype.name, "TFRA values")
             if plan is None:
                 t.import_rows(k, v)
             else:
@@ -558,7 +559,8 @@ def load_tfra_into(target, data, name: str | None = None,
                 if (~has).any():
                     t.import_rows(k[~has], v[~has])
                 if has.any():
-                    sl = np.stack([np.asarray(entry["slots"][p][sel][has], np.float32)
+                    sl = np.stack([_value_dtypes.as_values(np.asarray(entry["slots"][p][sel][has]),
+                                                           t.value_dtype.name, "TFRA slots")
                                    for p in plan], axis=1)
                     t.import_rows(k[has], v[has], slots=sl)
             rows[s] += len(sel)

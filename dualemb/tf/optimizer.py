@@ -56,8 +56,7 @@ import copy
 import keras
 import tensorflow as tf
 
-from dualemb.core.spec import to_spec
-from dualemb.tf import ops, optimizer_specs
+from dualemb.tf import legacy_optimizer, ops, optimizer_specs, row_update
 from dualemb.tf.trainable import is_trainable_wrapper
 
 
@@ -76,36 +75,6 @@ def _divide(grad, divisor):
 def _sum_of_squares(grad):
     values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
     return tf.reduce_sum(tf.square(tf.cast(values, tf.float32)))
-
-
-class _Group:
-    """The embedding gradients of one ``Variable`` in one step (from all its wrappers)."""
-
-    def __init__(self, params):
-        self.params = params
-        self.wrappers = []
-        self.keys = []
-        self.values = []
-
-    def add(self, wrapper, grad):
-        if not isinstance(grad, tf.IndexedSlices):
-            raise TypeError(
-                f"the gradient of dynamic embedding anchor {wrapper.de_name!r} must be the "
-                f"IndexedSlices a dualemb lookup produces, got {type(grad).__name__}")
-        self.wrappers.append(wrapper)
-        self.keys.append(grad.indices)
-        self.values.append(tf.cast(grad.values, tf.float32))
-
-    def finish(self):
-        self.keys = self.keys[0] if len(self.keys) == 1 else tf.concat(self.keys, 0)
-        self.values = self.values[0] if len(self.values) == 1 else tf.concat(self.values, 0)
-
-    def sum_duplicates(self):
-        """One row per distinct key, the sum of its per-occurrence gradients (what clipping
-        sees; the fused step sums duplicates itself otherwise)."""
-        unique, index = tf.unique(self.keys)
-        self.values = tf.math.unsorted_segment_sum(self.values, index, tf.size(unique))
-        self.keys = unique
 
 
 # The wrapped optimizer's gradient options, which the wrapper applies itself to the dense and the
@@ -314,7 +283,7 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
             if is_trainable_wrapper(var):
                 group = groups.get(id(var.params))
                 if group is None:
-                    group = groups[id(var.params)] = _Group(var.params)
+                    group = groups[id(var.params)] = row_update.Group(var.params)
                 group.add(var, grad)
             else:
                 dense_grads.append(grad)
@@ -417,20 +386,14 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
         params = group.params
         decay = inner.weight_decay is not None and inner._use_weight_decay(group.wrappers[0])
         spec, front_end_decay = optimizer_specs.fused_spec(inner, decay)
-        params._attach_optimizer(spec, to_spec(spec), self)
+        row_update.attach(params, spec, self)
         if front_end_decay:
             wd = tf.constant(optimizer_specs.weight_decay_of(inner), tf.float32)
             unique, _ = tf.unique(group.keys)
             rows, _ = params._find_flat(unique)
             decayed = rows - rows * wd * learning_rate
             params._write_flat(ops.insert_or_assign, unique, decayed)
-
-        def step_fn(table_id, keys, grads):
-            return ops.apply_gradients(table_id, keys, grads, learning_rate, step)
-
-        params._write_flat(step_fn, group.keys, group.values)
-        if params.restrict_policy is not None:  # as TFRA's optimizer, on every step
-            params.restrict_policy.apply_update(group.keys)
+        row_update.fused_step(group, learning_rate, step)
 
 
 def _under_parameter_server_strategy() -> bool:
@@ -469,8 +432,12 @@ def DynamicEmbeddingOptimizer(optimizer=None, bp_v2=False, synchronous=False, **
     if synchronous:
         raise NotImplementedError("DynamicEmbeddingOptimizer(synchronous=True) (Horovod) is not "
                                   "supported")
-    if isinstance(optimizer, DynamicEmbeddingOptimizerWrapper):
+    if isinstance(optimizer, DynamicEmbeddingOptimizerWrapper) or legacy_optimizer.is_routed(
+            optimizer):
         return optimizer
+    api = legacy_optimizer.api_of(optimizer)  # tf_keras and TF1 optimizers
+    if api is not None:
+        return legacy_optimizer.wrap(optimizer, api)
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return DynamicEmbeddingOptimizerWrapper(
             optimizer.inner_optimizer, bp_v2=bp_v2, dynamic_loss_scale=True,

@@ -48,9 +48,9 @@ def family_of(optimizer):
     raise TypeError(
         f"DynamicEmbeddingOptimizer cannot wrap {type(optimizer).__module__}."
         f"{type(optimizer).__name__}: it wraps Keras 3 optimizers ({SUPPORTED_NAMES}, or their "
-        "subclasses); TF1 optimizers, legacy Keras optimizers and other Keras optimizers "
-        "(Lamb, Adafactor, Muon, ...) are not supported; a LossScaleOptimizer around a supported "
-        "one is")
+        "subclasses, or a LossScaleOptimizer around one), some tf_keras and tf.compat.v1.train "
+        "optimizers (see dualemb/tf/legacy_optimizer.py); other optimizers (Lamb, Adafactor, "
+        "Muon, ...) are not supported")
 
 
 def _number(name, value):

@@ -28,6 +28,9 @@ def lookup_rows(params, flat_keys, name, max_norm=None):
     wrapper = None
     if params.trainable and modes.is_training():
         wrapper = params.trainable_wrapper(name or DEFAULT_NAME)
+        record = getattr(wrapper, "_record_lookup", None)  # a ShadowVariable keeps its lookup
+        if record is not None:
+            record(flat_keys, rows)
         rows = attach_gradient(wrapper, rows, flat_keys)
     if max_norm is not None:
         rows = tf.clip_by_norm(rows, max_norm, axes=[1])

@@ -19,6 +19,7 @@ in ``model.fit`` — one code path.
 from __future__ import annotations
 
 import re
+import weakref
 
 import keras
 import numpy as np
@@ -43,13 +44,25 @@ class TrainableWrapper(keras.Variable):
         self._de_params = params
         self._de_name = name
         with tf.init_scope():
-            super().__init__(initializer=np.zeros((0, params.dim), np.float32),
+            # A TF tensor, not a numpy array: under MultiWorkerMirroredStrategy TF 2.21's
+            # chief segfaults broadcasting the initial value of a zero-size variable made from
+            # numpy (tests/tf_distribute/zero_size_broadcast.py), not one made from tf.zeros.
+            super().__init__(initializer=tf.zeros((0, params.dim), tf.float32),
                              shape=(0, params.dim), dtype="float32",
                              trainable=bool(params.trainable), name=_variable_name(name))
         # A plain Keras optimizer hands such variables their gradient through assign() (and
         # skips its own update math for them), where a clear error can be raised; a
         # DynamicEmbeddingOptimizer takes them out first.
         self.overwrite_with_gradient = True
+        # The tf.Variable this Keras variable holds knows its anchor: TF1 / legacy Keras
+        # ``minimize`` without a var_list returns the variables its tape watched, i.e. that one.
+        self.value._de_held_by = weakref.ref(self)
+
+    def __tf_tracing_type__(self, context):
+        # As an argument of a tf.function the anchor is passed as itself (its variable is
+        # captured), as TFRA's ResourceVariable-based ShadowVariable is; Keras' default would
+        # turn it into a tensor, and the lookup could no longer find its table.
+        return _ByIdentity(self)
 
     def assign(self, value):
         if isinstance(value, tf.IndexedSlices):
@@ -61,6 +74,18 @@ class TrainableWrapper(keras.Variable):
         # (dualemb/tf/weights_snapshot.py), and a value that cannot do that must not be ignored.
         weights_snapshot.restore(self._de_params, value)
         return self
+
+    def _restore_from_tensors(self, restored_tensors):
+        # A TF object checkpoint holds the anchor's (0, dim) nothing; the table is restored from
+        # its de.Variable's own entry. Keras restores a variable whose value cannot restore
+        # itself (a MirroredVariable under Mirrored/MultiWorkerMirroredStrategy) through
+        # assign(), which refuses plain arrays (set_weights must not silently skip the table):
+        # answer the checkpoint here instead.
+        value = restored_tensors.get("VARIABLE_VALUE")
+        if value is not None and value.shape.rank == 2 and value.shape[0] == 0 \
+                and value.shape[1] == self._de_params.dim:
+            return tf.no_op()
+        return super()._restore_from_tensors(restored_tensors)
 
     def numpy(self):
         """A ``TableSnapshot``: the ``(0, dim)`` anchor value carrying a copy of the table, so
@@ -78,8 +103,68 @@ class TrainableWrapper(keras.Variable):
         return self._de_name
 
 
+class _ByIdentity(tf.types.experimental.TraceType):
+    """tf.function trace type of an object passed through by identity (one trace per object)."""
+
+    def __init__(self, obj):
+        self._ref = weakref.ref(obj)
+        self._id = id(obj)
+
+    def is_subtype_of(self, other):
+        return self == other
+
+    def most_specific_common_supertype(self, others):
+        return self if all(self == o for o in others) else None
+
+    def placeholder_value(self, placeholder_context=None):
+        return self._ref()
+
+    def cast(self, value, cast_context):
+        return value
+
+    def __eq__(self, other):
+        return (isinstance(other, _ByIdentity) and self._id == other._id
+                and self._ref() is other._ref())
+
+    def __hash__(self):
+        return self._id
+
+
+def anchor_holding(variable):
+    """The Keras 3 anchor whose tf.Variable ``variable`` is, or None."""
+    ref = getattr(variable, "_de_held_by", None) if isinstance(variable, tf.Variable) else None
+    return None if ref is None else ref()
+
+
 def is_trainable_wrapper(variable) -> bool:
     return isinstance(variable, TrainableWrapper)
+
+
+def mark_keras2_anchor(variable, params, name: str):
+    """Makes ``variable`` — a trainable ``tf.Variable`` of shape ``(0, dim)``, the weight a
+    tf_keras layer creates with ``add_weight`` (tf_keras tracks only ``tf.Variable`` weights, not
+    Keras 3 ones) — the gradient anchor of ``params`` under ``name``: lookups under ``name``
+    attach their gradient to it and the tf_keras / ``tf.compat.v1`` optimizer wrapper
+    (``legacy_optimizer.py``) routes it to the table."""
+    if not isinstance(variable, tf.Variable) or tuple(variable.shape) != (0, params.dim):
+        raise TypeError(f"a tf_keras anchor must be a tf.Variable of shape (0, {params.dim}), "
+                        f"got {variable!r}")
+    variable._de_params = params
+    variable._de_name = name
+    params._trainable_store[name] = variable
+    return variable
+
+
+def is_anchor(variable) -> bool:
+    """Whether ``variable`` is a gradient anchor: a Keras 3 ``TrainableWrapper`` or a tf_keras
+    layer's ``tf.Variable`` anchor (``mark_keras2_anchor``)."""
+    return isinstance(variable, TrainableWrapper) or (
+        isinstance(variable, tf.Variable) and getattr(variable, "_de_params", None) is not None)
+
+
+def anchor_params(variable):
+    """The dynamic embedding ``Variable`` an anchor trains (see ``is_anchor``)."""
+    return variable.params if isinstance(variable, TrainableWrapper) else variable._de_params
 
 
 def trainable_wrapper_filter(iterable, test_unaggregated_function=None):
@@ -87,7 +172,7 @@ def trainable_wrapper_filter(iterable, test_unaggregated_function=None):
     dense, sparse = [], []
     for item in iterable:
         var = item[1] if isinstance(item, (tuple, list)) and len(item) == 2 else item
-        (sparse if is_trainable_wrapper(var) else dense).append(item)
+        (sparse if is_anchor(var) else dense).append(item)
     return tuple(dense), tuple(sparse)
 
 
@@ -102,7 +187,11 @@ try:
         if isinstance(dy, tf.IndexedSlices):
             values, indices = dy.values, tf.gather(keys, dy.indices)
         else:
-            values, indices = dy, keys
+            # An op in the gradient's graph (not the forward tensor itself): when the lookup ran
+            # in a tf.function and the tape is outside, the backward function must capture the
+            # keys, and returning the forward tensor as is fails to ("Node ... belong to a
+            # different graph?").
+            values, indices = dy, tf.identity(keys)
         return tf.IndexedSlices(tf.cast(values, tf.float32), indices), None, None
 except KeyError:  # already registered (module reloaded)
     pass
@@ -110,7 +199,10 @@ except KeyError:  # already registered (module reloaded)
 
 def attach_gradient(wrapper: TrainableWrapper, rows, keys):
     """``rows`` [n, dim] looked up for the flat ``keys`` [n], connected to ``wrapper``."""
-    anchor = tf.convert_to_tensor(wrapper.value)  # a read of the anchor: the tape watches it
+    # A read of the anchor: the tape watches it. (A tf_keras anchor is a tf.Variable, whose
+    # ``value`` is a method.)
+    value = wrapper.value if isinstance(wrapper, TrainableWrapper) else wrapper
+    anchor = tf.convert_to_tensor(value)
     if anchor.dtype != tf.float32:
         # Under a float16/bfloat16 policy Keras reads variables autocast. The gradient's values
         # come from the layer's compute-dtype output, so the round trip through it is exact.

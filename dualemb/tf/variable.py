@@ -47,6 +47,7 @@ from dualemb.core.spec import to_spec
 from dualemb.tf import file_system, ops, tf_checkpoint
 from dualemb.tf import initializers as de_inits
 from dualemb.tf.distribute.placement import default_devices
+from dualemb.tf.distribute import replica_shards
 from dualemb.tf.creators import CuckooHashTableCreator, KVCreator
 from dualemb.tf.policies import RestrictPolicy
 from dualemb.tf.row_lookup import lookup_ids
@@ -315,7 +316,11 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return parts, positions, keys
 
     def _find_flat(self, flat_keys):
-        """(rows [n, dim] float32, exists [n]) of flat keys, over all shards."""
+        """(rows [n, dim] float32, exists [n]) of flat keys, over all shards (or the replica's
+        own, see ``replica_shards``)."""
+        local = replica_shards.local_shard(self, flat_keys)
+        if local is not None:
+            return ops.find(self._tables[local[0]].resource, local[1], self._dim)
         if len(self._tables) == 1:
             return ops.find(self._tables[0].resource, flat_keys, self._dim)
         parts, positions, keys = self._partition(flat_keys)
@@ -325,7 +330,11 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return rows, exists
 
     def _write_flat(self, op, flat_keys, *row_args):
-        """Calls ``op(table_id, keys, *rows)`` per shard with the shard's share of keys and rows."""
+        """Calls ``op(table_id, keys, *rows)`` per shard with the shard's share of keys and rows
+        (or on the replica's own shard, see ``replica_shards``)."""
+        local = replica_shards.local_shard(self, flat_keys)
+        if local is not None:
+            return [op(self._tables[local[0]].resource, local[1], *row_args)]
         if len(self._tables) == 1:
             return [op(self._tables[0].resource, flat_keys, *row_args)]
         parts = tf.cast(self._partition_fn(flat_keys, len(self._tables)), tf.int32)

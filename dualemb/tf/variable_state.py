@@ -22,9 +22,12 @@ import tensorflow as tf
 
 from dualemb.core import legacy_spec
 from dualemb.core.checkpoint import CheckpointError
+from dualemb.core.checkpoint import Subset as _ckpt_subset
+from dualemb.core.routing import shard_of
 from dualemb.core.spec import parse_description, to_spec
 from dualemb.core.table import Table, _core
 from dualemb.tf import ops, remote_shards
+from dualemb.tf.distribute import replica_shards
 
 FORMAT = "dualemb.tf.variable"
 # 2: "describe" is the core's JSON description object. 1: "config|optimizer" in the old
@@ -154,9 +157,25 @@ def check_entry(var, entry: dict, where: str) -> None:
 
 # ---- Variable -> tensors -------------------------------------------------------------------------
 
+def refuse_partial_save(var) -> None:
+    """A Variable whose replica shards are spread over the processes of a
+    MultiWorkerMirroredStrategy job holds only its own replicas' rows here. TF object checkpoints
+    and Keras weight files are written by each worker from its own process (the chief's file is
+    the one kept), so saving through them would silently lose the other workers' rows."""
+    if replica_shards.held_elsewhere(var):
+        raise CheckpointError(
+            f"de.Variable {var.name!r} is an all-to-all embedding whose shards live in "
+            f"{replica_shards.owning_replicas(var)} replicas of several processes; this process "
+            "holds only its own, so tf.train.Checkpoint / model.save_weights / SavedModel would "
+            "write an incomplete table. Save the job with dualemb.tf.save(model, path) called "
+            "by every worker (one common-format checkpoint of the whole job, "
+            "docs/scaling_tf.md)")
+
+
 def export_tensors(var) -> dict:
     """The variable's tensors (all shards concatenated), built with the dualemb ops so the same
     code runs eagerly and in the functions a SavedModel stores."""
+    refuse_partial_save(var)
     facts = var_facts(var)
     kd = tf_key_dtype(var)
     parts = []
@@ -257,7 +276,9 @@ def import_tensors(var, facts: dict, restored: dict, deps: list):
     fields = {"keys": keys, "values": restored["values"], "slots": restored["slots"],
               "last_update": restored["last_update"], "update_count": restored["update_count"]}
     n = len(facts["ids"])
-    if n > 1:
+    if replica_shards.held_elsewhere(var):
+        per_shard = _own_replicas_share(var, fields, n)
+    elif n > 1:
         part = partition(var, keys, n)
         split = {f: tf.dynamic_partition(t, part, n) for f, t in fields.items()}
         per_shard = [{f: split[f][i] for f in fields} for i in range(n)]
@@ -282,6 +303,21 @@ def import_tensors(var, facts: dict, restored: dict, deps: list):
     return tf.group(results)
 
 
+def _own_replicas_share(var, fields: dict, n: int) -> list:
+    """Per local shard, the saved rows of the keys this process's replicas own (an all-to-all
+    Variable in one worker of a multi-process job); the other workers restore the rest."""
+    keys = fields["keys"]
+    num_replicas = replica_shards.owning_replicas(var)
+    to_local = np.full(num_replicas, -1, np.int32)
+    to_local[np.asarray(var._local_replicas, np.intp)] = np.arange(n, dtype=np.int32)
+    local = tf.gather(tf.constant(to_local), tf.cast(shard_of(keys, num_replicas), tf.int32))
+    held = local >= 0
+    kept = {f: tf.boolean_mask(t, held) for f, t in fields.items()}
+    local = tf.boolean_mask(local, held)
+    split = {f: tf.dynamic_partition(t, local, n) for f, t in kept.items()}
+    return [{f: split[f][i] for f in kept} for i in range(n)]
+
+
 def _sync_optimizer_spec(var) -> None:
     """Records on each TableShard the optimizer a restore attached, so a SavedModel exported
     later re-creates the table with it."""
@@ -299,7 +335,11 @@ def core_shards(var) -> list:
 
 
 def numpy_partitioner(var):
-    """The variable's partitioner on numpy keys (None for one shard), for ``checkpoint.load``."""
+    """The variable's partitioner on numpy keys (None for one shard), for ``checkpoint.load``.
+    For an all-to-all Variable of a multi-process job, a ``checkpoint.Subset`` that keeps only
+    the keys of this process's replicas (-1 for the others')."""
+    if replica_shards.held_elsewhere(var):
+        return _ckpt_subset(lambda keys, n: replica_shards.local_shard_of_keys(var, keys))
     if len(shard_ids(var)) == 1:
         return None
 

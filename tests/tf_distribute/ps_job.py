@@ -3,12 +3,15 @@
 never connected to a cluster).
 
     python tests/tf_distribute/ps_job.py --out result.npz [--cluster JSON] [--model dense|linear]
-        [--optimizer adam|sgd] [--steps N] [--kill-worker-after K --kill-pid PID]
-        [--save-dir DIR]
+        [--optimizer adam|sgd] [--steps N] [--kill-worker-after K --marker FILE]
+        [--save-dir DIR [--save-after K]]
 
 With ``--save-dir`` the trained job also writes ``DIR/tf/ckpt`` (a ``tf.train.Checkpoint`` of the
 model and optimizer) and ``DIR/common`` (``de.save``, step = --steps); under a cluster both gather
-the rows from the PS tasks through the shards' handles.
+the rows from the PS tasks through the shards' handles. With ``--save-after K`` it saves after
+step K instead (joining the coordinator first) and writes the state it saved to ``DIR/saved.npz``,
+then trains on. If a step fails (a PS killed), the result file holds only ``error`` and
+``error_type`` and the job exits with status 3.
 
 The result file holds, per table shard: keys, values, slots and the device it lives on, plus the
 dense weights, so the test compares a cluster run with a single-process run row by row.
@@ -27,7 +30,7 @@ import tensorflow as tf
 
 import dualemb.tf as de
 from dualemb.tf import ops
-from dualemb.tf.distribute import placement
+from dualemb.tf.distribute import placement, recovery
 
 DIM = 4
 IDS_PER_EXAMPLE = 3
@@ -73,6 +76,10 @@ class Job:
             self.optimizer.build(self.model.trainable_variables)
         self.strategy = strategy
         self.omit_step = False  # --omit-step: call apply() without step= (must raise under PS)
+        # --pause-step K --pause-marker F: the step K closure, after its updates, writes F on its
+        # worker and busy-waits --pause-seconds, so a test can kill the worker after the update
+        # reached the PS tasks (its retry then applies step K a second time).
+        self.pause_step, self.pause_marker, self.pause_seconds = 0, "", 0.0
 
     def replica_step(self, ids, labels, step):
         with tf.GradientTape() as tape:
@@ -84,7 +91,18 @@ class Job:
         variables = self.model.trainable_variables
         grads = tape.gradient(loss, variables)
         self.optimizer.apply(grads, variables, step=None if self.omit_step else step)
+        if self.pause_step:
+            # Stateful ops run in program order inside a tf.function: after the updates.
+            paused = tf.cond(tf.equal(step, self.pause_step), self._pause,
+                             lambda: tf.constant(0.0, tf.float64))
+            with tf.control_dependencies([paused]):
+                loss = tf.identity(loss)
         return loss
+
+    def _pause(self):
+        tf.io.write_file(self.pause_marker, "updated")
+        end = tf.timestamp() + self.pause_seconds
+        return tf.while_loop(lambda t: t < end, lambda t: [tf.timestamp()], [tf.timestamp()])[0]
 
     def save(self, save_dir: str, step: int) -> None:
         tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).write(
@@ -107,6 +125,7 @@ class Job:
             out[f"shard{i}_keys"] = page["keys"].numpy()
             out[f"shard{i}_values"] = page["values"].numpy()
             out[f"shard{i}_slots"] = page["slots"].numpy()
+            out[f"shard{i}_update_count"] = page["update_count"].numpy()
             out[f"shard{i}_device"] = np.array(shard.resource.device)
         out["num_shards"] = np.array(len(var.tables))
         for j, w in enumerate(v for v in self.model.weights if v is not self.embedding.shadow):
@@ -133,6 +152,8 @@ def run_cluster(args):
         job.restore(args.restore_dir, args.restore_kind)
 
     job.omit_step = args.omit_step
+    job.pause_step, job.pause_marker = args.pause_step, args.pause_marker
+    job.pause_seconds = args.pause_seconds
 
     @tf.function
     def train_step(ids, labels, step):
@@ -149,18 +170,28 @@ def run_cluster(args):
             error = str(e)
         return {**job.table_state(), "error": np.array(error)}
 
-    for k, (ids, labels) in enumerate(batches(args.steps)):
-        coordinator.schedule(train_step, args=(tf.constant(ids), tf.constant(labels),
-                                               tf.constant(k + 1, tf.int64)))
-        if args.marker and k == args.kill_worker_after:
-            # Mid-training, with steps queued and in flight: tell the test to kill (and later
-            # restart) a worker; the coordinator retries the closures it held.
-            with open(args.marker, "w") as f:
-                f.write("scheduled")
-            while os.path.exists(args.marker):
-                time.sleep(0.05)
-    coordinator.join()
-    if args.save_dir:
+    try:
+        for k, (ids, labels) in enumerate(batches(args.steps)):
+            coordinator.schedule(train_step, args=(tf.constant(ids), tf.constant(labels),
+                                                   tf.constant(k + 1, tf.int64)))
+            if args.save_dir and k + 1 == args.save_after:
+                coordinator.join()
+                job.save(args.save_dir, k + 1)
+                np.savez(os.path.join(args.save_dir, "saved.npz"), **job.table_state())
+            if args.marker and k == args.kill_worker_after:
+                # Mid-training, with steps queued and in flight: tell the test to kill (and
+                # later restart) a task; the coordinator retries the closures it held.
+                with open(args.marker, "w") as f:
+                    f.write("scheduled")
+                while os.path.exists(args.marker):
+                    time.sleep(0.05)
+        coordinator.join()
+    except tf.errors.OpError as e:  # a PS died: TF does not retry, the job fails
+        np.savez(args.out, error=np.array(str(e)), error_type=np.array(type(e).__name__))
+        raise SystemExit(3)
+    # A worker that failed may still be reconnecting; the chief cannot exit before that ends.
+    recovery.wait_for_recovery(coordinator, timeout=args.recovery_timeout)
+    if args.save_dir and args.save_after < 0:
         job.save(args.save_dir, args.steps)
     state = job.table_state()
     # The tables live on the PS tasks, not in this process's core registry.
@@ -185,11 +216,17 @@ def main():
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--shards-per-ps", type=int, default=1)
     p.add_argument("--save-dir", default="")
+    p.add_argument("--save-after", type=int, default=-1,
+                   help="save after this many steps (default: at the end)")
+    p.add_argument("--recovery-timeout", type=float, default=90.0)
     p.add_argument("--omit-step", action="store_true",
                    help="schedule one step whose apply() has no step=; record the error")
     p.add_argument("--restore-dir", default="", help="restore a --save-dir before training")
     p.add_argument("--restore-kind", default="tf", choices=["tf", "common"])
     p.add_argument("--kill-worker-after", type=int, default=-1)
+    p.add_argument("--pause-step", type=int, default=0)
+    p.add_argument("--pause-marker", default="")
+    p.add_argument("--pause-seconds", type=float, default=20.0)
     p.add_argument("--marker", default="", help="file written mid-training; waits until removed")
     args = p.parse_args()
     state = run_cluster(args) if args.cluster else run_single(args)

@@ -11,6 +11,7 @@
 
 #include "../config.h"
 #include "../hash.h"
+#include "../value_dtype.h"
 #include "factory.h"
 #include "table_options.h"
 
@@ -129,6 +130,11 @@ RedisTable::RedisTable(const std::string& config_text) {
     throw std::invalid_argument(
         "table config: 'capacity' is not supported by the redis backend (Redis keeps every "
         "key; bound the table with restrict, or Redis' own maxmemory policy)");
+  if (o.value_dtype != DE_VALUE_FLOAT32)
+    throw std::invalid_argument(std::string("table config: value_dtype '") +
+                                value_dtype_name(o.value_dtype) +
+                                "' is not supported by the redis backend (it stores float32 "
+                                "rows); use the in-memory backend for other value dtypes");
   dim_ = o.dim;
   key_dtype_ = o.key_dtype;
   init_ = o.init;
@@ -500,7 +506,8 @@ void RedisTable::set_optimizer(const std::string& spec) {
   });
 }
 
-void RedisTable::find(const int64_t* keys, int64_t n, float* values, uint8_t* exists) const {
+void RedisTable::find(const int64_t* keys, int64_t n, void* values_out, uint8_t* exists) const {
+  float* values = static_cast<float*>(values_out);  // float32 only (see the constructor)
   std::lock_guard<std::mutex> lock(mu_);
   with_redirects([&] {
     std::vector<std::vector<int64_t>> by_bucket(buckets_.size());
@@ -543,7 +550,8 @@ void RedisTable::find(const int64_t* keys, int64_t n, float* values, uint8_t* ex
   });
 }
 
-void RedisTable::initial_values(const int64_t* keys, int64_t n, float* values) const {
+void RedisTable::initial_values(const int64_t* keys, int64_t n, void* values_out) const {
+  float* values = static_cast<float*>(values_out);
   for (int64_t i = 0; i < n; ++i) init_.fill(static_cast<uint64_t>(keys[i]), values + i * dim_);
 }
 
@@ -556,8 +564,9 @@ void init_slots(float* row, int64_t dim, const Optimizer* opt) {
 }
 }  // namespace
 
-int64_t RedisTable::find_or_insert(const int64_t* keys, int64_t n, float* values,
+int64_t RedisTable::find_or_insert(const int64_t* keys, int64_t n, void* values_out,
                                    uint8_t* exists) {
+  float* values = static_cast<float*>(values_out);
   write_batch(keys, n, true, [&](Rows& rows, int64_t stamp) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t j = rows.index[keys[i]];
@@ -577,7 +586,8 @@ int64_t RedisTable::find_or_insert(const int64_t* keys, int64_t n, float* values
   return 0;
 }
 
-int64_t RedisTable::insert_or_assign(const int64_t* keys, int64_t n, const float* values) {
+int64_t RedisTable::insert_or_assign(const int64_t* keys, int64_t n, const void* values_in) {
+  const float* values = static_cast<const float*>(values_in);
   write_batch(keys, n, true, [&](Rows& rows, int64_t stamp) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t j = rows.index[keys[i]];
@@ -596,8 +606,9 @@ int64_t RedisTable::insert_or_assign(const int64_t* keys, int64_t n, const float
   return 0;
 }
 
-int64_t RedisTable::accum(const int64_t* keys, int64_t n, const float* deltas,
+int64_t RedisTable::accum(const int64_t* keys, int64_t n, const void* deltas_in,
                           const uint8_t* exists) {
+  const float* deltas = static_cast<const float*>(deltas_in);
   write_batch(keys, n, true, [&](Rows& rows, int64_t stamp) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t j = rows.index[keys[i]];
@@ -688,9 +699,11 @@ int64_t RedisTable::apply_gradients(const int64_t* keys, int64_t n, const float*
   return 0;
 }
 
-int64_t RedisTable::import_rows(const int64_t* keys, int64_t n, const float* values,
-                                const float* slots, int slots_given, const int64_t* last_update,
+int64_t RedisTable::import_rows(const int64_t* keys, int64_t n, const void* values_in,
+                                const void* slots_in, int slots_given, const int64_t* last_update,
                                 const int64_t* update_count) {
+  const float* values = static_cast<const float*>(values_in);
+  const float* slots = static_cast<const float*>(slots_in);
   write_batch(keys, n, true, [&](Rows& rows, int64_t stamp) {
     const int ns = num_slots_locked();
     if (slots_given >= 0 && slots_given != ns)
@@ -738,9 +751,11 @@ std::vector<int64_t> RedisTable::bucket_keys(int b) const {
   return std::vector<int64_t>(keys.begin(), keys.end());
 }
 
-int64_t RedisTable::export_rows(int64_t offset, int64_t limit, int64_t* keys, float* values,
-                                float* slots, int slots_given, int64_t* last_update,
+int64_t RedisTable::export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values_out,
+                                void* slots_out, int slots_given, int64_t* last_update,
                                 int64_t* update_count) const {
+  float* values = static_cast<float*>(values_out);
+  float* slots = static_cast<float*>(slots_out);
   std::lock_guard<std::mutex> lock(mu_);
   return with_redirects([&]() -> int64_t {
     // Order: buckets in turn, keys ascending within a bucket; stable while the table is not

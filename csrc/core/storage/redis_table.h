@@ -32,17 +32,18 @@ class RedisTable final : public Storage {
 
   int64_t dim() const override { return dim_; }
   int key_dtype() const override { return key_dtype_; }
+  int value_dtype() const override { return DE_VALUE_FLOAT32; }  // the only one it stores
   int num_slots() const override;
   std::string describe() const override;
   std::vector<std::string> slot_names() const override;
   void set_optimizer(const std::string& spec) override;
   void set_num_threads(int) override {}  // Redis does the work; nothing to parallelise here
 
-  void find(const int64_t* keys, int64_t n, float* values, uint8_t* exists) const override;
-  int64_t find_or_insert(const int64_t* keys, int64_t n, float* values,
+  void find(const int64_t* keys, int64_t n, void* values, uint8_t* exists) const override;
+  int64_t find_or_insert(const int64_t* keys, int64_t n, void* values,
                          uint8_t* exists) override;
-  int64_t insert_or_assign(const int64_t* keys, int64_t n, const float* values) override;
-  int64_t accum(const int64_t* keys, int64_t n, const float* deltas,
+  int64_t insert_or_assign(const int64_t* keys, int64_t n, const void* values) override;
+  int64_t accum(const int64_t* keys, int64_t n, const void* deltas,
                 const uint8_t* exists) override;
   void erase(const int64_t* keys, int64_t n) override;
   void clear() override;
@@ -52,13 +53,13 @@ class RedisTable final : public Storage {
                           int64_t step) override;
   int64_t restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys, const float* scores,
                    int64_t n) override;
-  int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, float* values, float* slots,
+  int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values, void* slots,
                       int slots_given, int64_t* last_update,
                       int64_t* update_count) const override;
-  int64_t import_rows(const int64_t* keys, int64_t n, const float* values, const float* slots,
+  int64_t import_rows(const int64_t* keys, int64_t n, const void* values, const void* slots,
                       int slots_given, const int64_t* last_update,
                       const int64_t* update_count) override;
-  void initial_values(const int64_t* keys, int64_t n, float* values) const override;
+  void initial_values(const int64_t* keys, int64_t n, void* values) const override;
 
   int64_t clock() const override;
   void set_clock(int64_t c) override;

@@ -24,6 +24,7 @@ class Storage {
 
   virtual int64_t dim() const = 0;
   virtual int key_dtype() const = 0;
+  virtual int value_dtype() const = 0;  // DE_VALUE_*
   virtual int num_slots() const = 0;
   // {"config":{...},"optimizer":{...}|null} as canonical JSON (config.h).
   virtual std::string describe() const = 0;
@@ -31,12 +32,13 @@ class Storage {
   virtual void set_optimizer(const std::string& spec) = 0;
   virtual void set_num_threads(int n) = 0;
 
-  // All keys are int64 here; the C ABI widens int32 keys at the boundary.
-  virtual void find(const int64_t* keys, int64_t n, float* values, uint8_t* exists) const = 0;
-  virtual int64_t find_or_insert(const int64_t* keys, int64_t n, float* values,
+  // All keys are int64 here; the C ABI widens int32 keys at the boundary. Values, deltas and
+  // slots are in the table's value dtype; gradients and scores are float32.
+  virtual void find(const int64_t* keys, int64_t n, void* values, uint8_t* exists) const = 0;
+  virtual int64_t find_or_insert(const int64_t* keys, int64_t n, void* values,
                                  uint8_t* exists) = 0;
-  virtual int64_t insert_or_assign(const int64_t* keys, int64_t n, const float* values) = 0;
-  virtual int64_t accum(const int64_t* keys, int64_t n, const float* deltas,
+  virtual int64_t insert_or_assign(const int64_t* keys, int64_t n, const void* values) = 0;
+  virtual int64_t accum(const int64_t* keys, int64_t n, const void* deltas,
                         const uint8_t* exists) = 0;
   virtual void erase(const int64_t* keys, int64_t n) = 0;
   virtual void clear() = 0;
@@ -48,13 +50,13 @@ class Storage {
                            const float* scores, int64_t n) = 0;
   // `slots_given` is the slot count the caller sized `slots` for (-1: no slots buffer); a
   // mismatch with the table's throws.
-  virtual int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, float* values,
-                              float* slots, int slots_given, int64_t* last_update,
+  virtual int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values,
+                              void* slots, int slots_given, int64_t* last_update,
                               int64_t* update_count) const = 0;
-  virtual int64_t import_rows(const int64_t* keys, int64_t n, const float* values,
-                              const float* slots, int slots_given, const int64_t* last_update,
+  virtual int64_t import_rows(const int64_t* keys, int64_t n, const void* values,
+                              const void* slots, int slots_given, const int64_t* last_update,
                               const int64_t* update_count) = 0;
-  virtual void initial_values(const int64_t* keys, int64_t n, float* values) const = 0;
+  virtual void initial_values(const int64_t* keys, int64_t n, void* values) const = 0;
 
   virtual int64_t clock() const = 0;
   virtual void set_clock(int64_t c) = 0;

@@ -1,5 +1,7 @@
 #include "table_options.h"
 
+#include "../value_dtype.h"
+
 #include <cmath>
 #include <stdexcept>
 #include <string>
@@ -33,10 +35,17 @@ TableOptions read_table_options(const Config& c) {
     throw std::invalid_argument("dim must be in [1, " + std::to_string(kMaxDim) + "], got " +
                                 std::to_string(o.dim));
   o.key_dtype = parse_key_dtype(c.get_string("key_dtype", "int64"));
-  std::string vdt = c.get_string("value_dtype", "float32");
-  if (vdt != "float32")
-    throw std::invalid_argument("unsupported value_dtype '" + vdt + "' (supported: float32)");
+  const std::string vdt = c.get_string("value_dtype", "float32");
+  o.value_dtype = parse_value_dtype(vdt);
+  o.value_size = value_dtype_size(o.value_dtype);
   o.init = Initializer::from_config(c, o.dim);
+  if (value_dtype_is_integer(o.value_dtype) && !o.init.is_constant())
+    throw std::invalid_argument("a table of value dtype " + vdt + " takes only a constant " +
+                                "initializer (zeros, constant or vector with values exact in " +
+                                vdt + "); initializer '" + o.init.kind_name() +
+                                "' draws random floats");
+  if (o.value_dtype != DE_VALUE_FLOAT32 && o.init.is_constant())
+    o.initial_row = constant_row(o.value_dtype, o.init.constant_values());
   o.capacity = c.get_int("capacity", 0);
   if (o.capacity < 0) throw std::invalid_argument("capacity must be >= 0 (0 = unlimited)");
   std::string ep = c.get_string("evict_policy", "recency");

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "../config.h"
 #include "../initializer.h"
@@ -18,7 +19,12 @@ constexpr int64_t kMaxDim = 1 << 16;
 struct TableOptions {
   int64_t dim = 0;
   int key_dtype = 0;  // DE_KEY_INT64 / DE_KEY_INT32
+  int value_dtype = 0;  // DE_VALUE_*
+  size_t value_size = 4;  // bytes per element of value_dtype
   Initializer init;
+  // For a value dtype other than float32 and a constant initializer: the initial row's bytes in
+  // the value dtype (empty otherwise: rows are drawn as float32 and converted).
+  std::vector<unsigned char> initial_row;
   int64_t capacity = 0;
   RestrictBy evict_policy = RestrictBy::kRecency;
   int num_threads = 0;

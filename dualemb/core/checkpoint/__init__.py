@@ -14,11 +14,12 @@ the verification rules are specified in docs/checkpoint_format.md.
 
 from __future__ import annotations
 
-from dualemb.core.checkpoint._load import load, load_dense, read_manifest
+from dualemb.core.checkpoint._load import Subset, load, load_dense, read_manifest
 from dualemb.core.checkpoint._manifest import FORMAT, VERSION, CheckpointError
 from dualemb.core.checkpoint._result import Checkpoint
 from dualemb.core.checkpoint._save import save
+from dualemb.core.checkpoint import _parts as parts  # one checkpoint written by several processes
 
 
 __all__ = ["save", "load", "read_manifest", "load_dense", "Checkpoint", "CheckpointError",
-           "FORMAT", "VERSION"]
+           "Subset", "parts", "FORMAT", "VERSION"]

@@ -19,6 +19,7 @@ from dualemb.core.routing import shard_of
 from dualemb.core.checkpoint._safetensors import Reader, crc32_combine
 from dualemb.core.checkpoint._save import PAGE_BYTES, _shards_of, _workers
 from dualemb.core.table import Table
+from dualemb.core.value_dtypes import NUMPY as VALUE_NUMPY
 
 _VERIFY_BUFFER = 4 << 20  # per thread; a multiple of 8, so verification chunks hold whole keys
 _SEGMENT_BYTES = 32 << 20  # tensors are checksummed in segments of this size, in parallel
@@ -55,14 +56,32 @@ def _default_partitioner(keys: np.ndarray, n: int) -> np.ndarray:
     return shard_of(keys, n)
 
 
+class Subset:
+    """A partitioner for a process that holds only some of a table's keys (one process of a
+    multi-process job): ``fn(keys, num_live_shards)`` returns the live shard of each key, or
+    ``-1`` for a key no live shard of this process holds; those rows are skipped. Plain
+    partitioners may not return -1 (a dropped row would be a silent loss); wrapping one in
+    ``Subset`` says the skipping is meant."""
+
+    def __init__(self, fn):
+        if not callable(fn):
+            raise TypeError(f"Subset takes a partitioner function, got {fn!r}")
+        self.fn = fn
+
+    def __call__(self, keys, n):
+        return self.fn(keys, n)
+
+
 def _route(partitioner, keys: np.ndarray, n: int, name: str) -> np.ndarray:
+    """Live shard index of each key; -1 (skip the row) only from a ``Subset`` partitioner."""
     sid = np.asarray(partitioner(keys, n))
     if sid.shape != keys.shape or sid.dtype.kind not in "iu":
         raise CheckpointError(f"table {name!r}: partitioner returned {sid.dtype} {sid.shape}, "
                               f"expected integer shard indices of shape {keys.shape}")
-    if sid.size and (sid.min() < 0 or sid.max() >= n):
+    low = -1 if isinstance(partitioner, Subset) else 0
+    if sid.size and (sid.min() < low or sid.max() >= n):
         raise CheckpointError(f"table {name!r}: partitioner returned shard indices outside "
-                              f"[0, {n})")
+                              f"[{low}, {n})")
     return sid.astype(np.intp, copy=False)
 
 
@@ -133,7 +152,8 @@ def _validate_optimizer(job: _Job, table_cls) -> None:
     """Attaching the saved optimizer must work before any live table is touched."""
     e = job.entry
     try:
-        scratch = table_cls(dim=e["dim"], key_dtype=e["key_dtype"], optimizer=e["optimizer"])
+        scratch = table_cls(dim=e["dim"], key_dtype=e["key_dtype"],
+                            value_dtype=e["value_dtype"], optimizer=e["optimizer"])
     except Exception as exc:
         raise CheckpointError(f"table {job.name!r}: cannot attach the saved optimizer "
                               f"{e['optimizer']!r}: {exc}") from exc
@@ -188,12 +208,12 @@ def _verify_all(jobs: list, pool: ThreadPoolExecutor) -> None:
 
         def on_chunk(name, chunk):
             keys = np.frombuffer(chunk, key_np)
-            if job.num_live == 1:
+            if job.num_live == 1 and not isinstance(job.partitioner, Subset):
                 counts[0] += len(keys)
             else:
                 with route_lock:  # the partitioner is user code: one call at a time
                     sid = _route(job.partitioner, keys, job.num_live, job.name)
-                counts[:] += np.bincount(sid, minlength=job.num_live)
+                counts[:] += np.bincount(sid[sid >= 0], minlength=job.num_live)
 
         crc = r.crc_range(tname, lo, hi, buf, on_chunk if tname == "keys" else None)
         return crc, counts
@@ -229,8 +249,9 @@ def _read_page(r: Reader, e: dict, row0: int, m: int) -> dict:
     dim = e["dim"]
     ns = len(e["slot_names"])
     strings = _skeys.is_string(e)
+    vd = VALUE_NUMPY[e["value_dtype"]]
     page = {"keys": None if strings else np.empty(m, np.dtype(e["key_dtype"])),
-            "values": np.empty((m, dim), np.float32),
+            "values": np.empty((m, dim), vd),
             "last_update": np.empty(m, np.int64), "update_count": np.empty(m, np.int64),
             "slots": None}
     for name in ("values", "last_update", "update_count") + (() if strings else ("keys",)):
@@ -241,8 +262,8 @@ def _read_page(r: Reader, e: dict, row0: int, m: int) -> dict:
         except _skeys.CorruptKeys as exc:
             raise CheckpointError(str(exc)) from None
     if ns:
-        slots = np.empty((m, ns, dim), np.float32)
-        col = np.empty((m, dim), np.float32)
+        slots = np.empty((m, ns, dim), vd)
+        col = np.empty((m, dim), vd)
         for k, sname in enumerate(e["slot_names"]):
             r.read(SLOT_PREFIX + sname, row0, col)
             slots[:, k, :] = col
@@ -255,7 +276,8 @@ def _import(job: _Job, partitioner, pool: ThreadPoolExecutor) -> None:
     current one is imported) and imports each row into the live shard the partitioner names."""
     e = job.entry
     key_np = np.dtype(np.int64 if _skeys.is_string(e) else e["key_dtype"])
-    row_bytes = 4 * e["dim"] * (1 + len(e["slot_names"])) + 16 + key_np.itemsize
+    row_bytes = (VALUE_NUMPY[e["value_dtype"]].itemsize * e["dim"] * (1 + len(e["slot_names"]))
+                 + 16 + key_np.itemsize)
     rows_per_page = max(1, PAGE_BYTES // row_bytes)
     work = [(r, row0, min(rows_per_page, s["rows"] - row0))
             for r, s in zip(job.readers, e["shards"]) for row0 in range(0, s["rows"], rows_per_page)]
@@ -275,10 +297,14 @@ def _import(job: _Job, partitioner, pool: ThreadPoolExecutor) -> None:
 def _import_page(job: _Job, partitioner, page: dict) -> None:
     keys, values, slots = page["keys"], page["values"], page["slots"]
     last, count = page["last_update"], page["update_count"]
-    if job.num_live == 1:
+    if job.num_live == 1 and not isinstance(partitioner, Subset):
         job.live[0].import_rows(keys, values, slots, last, count)
         return
     sid = _route(partitioner, keys, job.num_live, job.name)
+    held = sid >= 0  # a Subset partitioner's -1: a row this process does not hold
+    if not held.all():
+        sid, keys, values, last, count = sid[held], keys[held], values[held], last[held], count[held]
+        slots = None if slots is None else slots[held]
     order = np.argsort(sid, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(sid, minlength=job.num_live))])
     keys, values, last, count = keys[order], values[order], last[order], count[order]
@@ -325,7 +351,8 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
       partitioner: ``partitioner(keys, num_live_shards) -> shard index per key`` routing keys to
         live shards (default ``np.mod(keys, n)``); must be deterministic. A mapping name ->
         partitioner gives each table its own (names left out get the default), so tables
-        sharded differently still load in one call, verified together.
+        sharded differently still load in one call, verified together. A ``Subset``
+        partitioner may return -1 for rows this process does not hold (skipped).
       num_shards: live shards for each table created fresh: None gives a single Table, an int a
         list of that many Tables.
 
@@ -378,9 +405,11 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
                 n = int(num_shards or 1)
                 job = _Job(name, e, None, n, single=num_shards is None)
             job.partitioner = partitioners.get(name) or _default_partitioner
-            if _skeys.is_string(e) and job.num_live > 1:
-                raise CheckpointError(f"table {name!r} has string keys: it loads into one live "
-                                      "table (string keys are not routed across shards)")
+            if _skeys.is_string(e) and (job.num_live > 1 or isinstance(job.partitioner, Subset)):
+                raise CheckpointError(f"table {name!r} has string keys: it loads whole into one "
+                                      "live table (string keys are not routed across shards or "
+                                      "processes, so neither several live shards nor a Subset "
+                                      "partitioner can take it)")
             jobs.append(job)
             _open_and_check(job, root)
         dense = load_dense_at(root, manifest)
@@ -418,9 +447,10 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
                 if job.clock > t.clock:
                     t.clock = job.clock
             total = sum(int(t.size()) for t in job.live)
-            if total != job.entry["rows"]:
+            expected = int(job.counts.sum())  # all saved rows, or a Subset's share of them
+            if total != expected:
                 warnings.warn(f"table {job.name!r}: restored {total} rows of "
-                              f"{job.entry['rows']} saved (duplicate keys across saved shards?)",
+                              f"{expected} saved (duplicate keys across saved shards?)",
                               RuntimeWarning, stacklevel=2)
     except BaseException:
         for t in created:

@@ -16,6 +16,7 @@ from dualemb.core.checkpoint._manifest import (DENSE_FILE, FORMAT, SLOT_PREFIX, 
                                                CheckpointError, dumps, shard_file_name)
 from dualemb.core.checkpoint._manifest import write_files as write_manifest_files
 from dualemb.core.checkpoint._safetensors import Writer, dtype_code, fsync_dir, pwrite_all
+from dualemb.core.value_dtypes import NUMPY as VALUE_NUMPY
 
 # A page never exceeds this many bytes (whatever page_rows says), which bounds the memory a save
 # uses to about two pages plus the slot columns being copied out.
@@ -102,6 +103,7 @@ def _write_shard(table, path: str, name: str, shard: int, info: dict, page_rows:
     ns = len(slot_names)
     strings = _skeys.is_string(info)
     key_dtype = np.dtype(np.int64 if strings else info["key_dtype"])
+    value_dtype = VALUE_NUMPY[info["value_dtype"]]  # values and slots keep the table's dtype
     clock0 = table.clock
     n = int(table.size())
     if strings:
@@ -110,10 +112,10 @@ def _write_shard(table, path: str, name: str, shard: int, info: dict, page_rows:
     else:
         key_tensors = [("keys", key_dtype, (n,))]
     tensors = [("last_update", np.int64, (n,)), ("update_count", np.int64, (n,)),
-               *key_tensors, ("values", np.float32, (n, dim))]
-    tensors += [(SLOT_PREFIX + s, np.float32, (n, dim)) for s in slot_names]
+               *key_tensors, ("values", value_dtype, (n, dim))]
+    tensors += [(SLOT_PREFIX + s, value_dtype, (n, dim)) for s in slot_names]
     writer = Writer(path, tensors, {"format": FORMAT, "table": name, "shard": str(shard)})
-    row_bytes = 4 * dim * (1 + ns) + 16 + key_dtype.itemsize
+    row_bytes = value_dtype.itemsize * dim * (1 + ns) + 16 + key_dtype.itemsize
     rows_per_page = max(1, min(int(page_rows), PAGE_BYTES // row_bytes))
 
     def pieces(arr, row0):

@@ -85,12 +85,15 @@ class LocalCluster:
         """Starts task (job, task) again on its port (after ``kill``) and waits until it listens."""
         self.kill(job, task)
         self._start(job, task)
-        self.wait_ready()
+        self.wait_ready([(job, task)])  # not the others: another may be killed on purpose
 
-    def wait_ready(self) -> None:
-        """Waits until every started task listens; raises if one exits or time runs out."""
+    def wait_ready(self, tasks=None) -> None:
+        """Waits until every started task (or each (job, task) in ``tasks``) listens; raises if
+        one exits or time runs out."""
         deadline = time.monotonic() + self.start_timeout
         for (job, task), proc in self.processes.items():
+            if tasks is not None and (job, task) not in tasks:
+                continue
             port = int(self.spec[job][task].rsplit(":", 1)[1])
             while not _listening(port):
                 if proc.poll() is not None:

@@ -1,202 +1,29 @@
 """Keras 3 layers over dynamic embeddings: ``Embedding`` (alias ``BasicEmbedding``),
-``SquashedEmbedding`` and ``FieldWiseEmbedding``, with TFRA's arguments.
+``SquashedEmbedding`` and ``FieldWiseEmbedding``, with TFRA's arguments (what they do:
+``embedding_logic.py``; the tf_keras versions: ``keras2.py``).
 
-Each layer owns one ``de.Variable`` (``layer.params``, named ``"<layer name>-parameter"``) and one
-``TrainableWrapper`` anchor (``layer.shadow``, a trainable ``(0, dim)`` Keras weight): train the
-layer with a ``de.DynamicEmbeddingOptimizer``-wrapped Keras optimizer, in ``model.fit`` or a
-``GradientTape`` loop. Only the rows of the keys in a batch are updated (see
-``dualemb/tf/optimizer.py``). The layers set ``supports_jit = False`` (the table ops are host ops
-and cannot be XLA-compiled), so Keras never jit-compiles a model that contains one.
-
-Ids may be int32 or int64 (int32 ids are widened for an int64 Variable); floating-point ids
-raise ``TypeError`` (declare ``keras.Input(..., dtype="int64")``).
+The anchor is a ``TrainableWrapper``, a trainable ``(0, dim)`` Keras 3 variable. The layers set
+``supports_jit = False`` (the table ops are host ops and cannot be XLA-compiled), so Keras never
+jit-compiles a model that contains one.
 """
 
 from __future__ import annotations
 
-import warnings
-
 import keras
-import tensorflow as tf
 
-from dualemb.tf import creators as de_creators
 from dualemb.tf import keras_files
-from dualemb.tf import policies as de_policies
-from dualemb.tf.lookup import embedding_lookup, embedding_lookup_unique
-from dualemb.tf.variable import Variable, default_partition_fn
-
-_POOLING = ("sum", "mean", "max", "min")
-_SEGMENT = ("sum", "mean", "sqrtn")
-
-
-def _serialize_initializer(initializer):
-    if initializer is None or isinstance(initializer, (int, float, str, dict)):
-        return initializer
-    if isinstance(initializer, (list, tuple)):
-        return list(initializer)
-    if hasattr(initializer, "tolist"):
-        return initializer.tolist()
-    return keras.initializers.serialize(initializer)
-
-
-def _deserialize_initializer(config):
-    if isinstance(config, dict) and "class_name" in config:
-        return keras.initializers.deserialize(config)
-    return config
-
-
-def _serialize_creator(creator):
-    if creator is None:
-        return None
-    cfg = creator.config
-    return {"class_name": type(creator).__name__,
-            "config_class": None if cfg is None else type(cfg).__name__,
-            "config": None if cfg is None else {k: (int(v) if hasattr(v, "__index__") else v)
-                                                for k, v in vars(cfg).items()
-                                                if not callable(v)}}
-
-
-def _deserialize_creator(config):
-    if config is None or not isinstance(config, dict):
-        return config
-    cfg = None
-    if config.get("config_class"):
-        cfg = getattr(de_creators, config["config_class"])(**(config.get("config") or {}))
-    return getattr(de_creators, config["class_name"])(config=cfg)
+from dualemb.tf.keras.layers.embedding_logic import (EmbeddingLogic, FieldWiseLogic,
+                                                     HvdAllToAllLogic, SquashedLogic)
 
 
 @keras.saving.register_keras_serializable(package="dualemb")
-class Embedding(keras.layers.Layer):
-    """A Keras embedding layer backed by a dynamic embedding table: any integer ids, no
-    vocabulary, no collisions. ``call(ids)`` returns ``ids.shape + [embedding_size]`` (a
-    RaggedTensor for ragged ids).
+class Embedding(EmbeddingLogic, keras.layers.Layer):
+    __doc__ = EmbeddingLogic.__doc__
+    _keras = keras
 
-    Args:
-      embedding_size: the row length (``dim``).
-      key_dtype, value_dtype: of the table (int64/int32; float32 or another float dtype).
-      combiner: unused by this class (as in TFRA); the pooling of ``SquashedEmbedding``.
-      initializer: as ``de.Variable`` (default ``keras.initializers.RandomNormal()``, i.e.
-        mean 0, stddev 0.05, with the seed derived from the variable name).
-      devices: one table shard per entry.
-      name: layer name; the Variable is ``name + "-parameter"``.
-      with_unique: look each distinct id up once per batch (``embedding_lookup_unique``).
-      short_file_name: accepted for compatibility.
-      **kwargs: TFRA's ``trainable, bp_v2, restrict_policy, init_capacity, partitioner,
-        kv_creator, max_norm, distribute_strategy, keep_distribution, checkpoint``, then Keras'
-        own layer arguments.
-    """
-
-    def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
-                 combiner="sum", initializer=None, devices=None, name="DynamicEmbeddingLayer",
-                 with_unique=True, short_file_name=False, **kwargs):
-        trainable = kwargs.pop("trainable", True)
-        bp_v2 = kwargs.pop("bp_v2", False)
-        restrict_policy = kwargs.pop("restrict_policy", None)
-        init_capacity = kwargs.pop("init_capacity", 0)
-        partitioner = kwargs.pop("partitioner", default_partition_fn)
-        kv_creator = _deserialize_creator(kwargs.pop("kv_creator", None))
-        max_norm = kwargs.pop("max_norm", None)
-        distribute_strategy = kwargs.pop("distribute_strategy", None)
-        keep_distribution = kwargs.pop("keep_distribution", False)
-        checkpoint = kwargs.pop("checkpoint", True)
-        if isinstance(restrict_policy, str):
-            restrict_policy = getattr(de_policies, restrict_policy)
-        if distribute_strategy is not None:
-            warnings.warn("distribute_strategy is ignored: dualemb tables live in host memory "
-                          "and are shared by all replicas of the process", stacklevel=2)
-        super().__init__(name=name, trainable=trainable, **kwargs)
-        self.supports_jit = False
-        self.keep_distribution = keep_distribution
-        self.embedding_size = int(embedding_size)
-        self.key_dtype = tf.as_dtype(key_dtype)
-        self.value_dtype = tf.as_dtype(value_dtype)
-        self.combiner = combiner
-        self.initializer = (keras.initializers.RandomNormal() if initializer is None
-                            else _deserialize_initializer(initializer))
-        self.devices = devices
-        self.with_unique = bool(with_unique)
-        self.short_file_name = bool(short_file_name)
-        self.bp_v2 = bool(bp_v2)
-        self.restrict_policy = restrict_policy
-        self.init_capacity = int(init_capacity or 0)
-        self.partitioner = partitioner
-        self.kv_creator = kv_creator
-        self.max_norm = max_norm
-        self.checkpoint = bool(checkpoint)
-        self.params = Variable(
-            key_dtype=self.key_dtype, value_dtype=self.value_dtype, dim=self.embedding_size,
-            devices=devices, partitioner=partitioner, name=f"{name}-parameter",
-            initializer=self.initializer, trainable=trainable, checkpoint=checkpoint,
-            init_size=self.init_capacity, kv_creator=kv_creator, restrict_policy=restrict_policy,
-            bp_v2=bp_v2, short_file_name=short_file_name)
-        self._shadow_name = f"{name}-shadow"
-
-    def build(self, input_shape=None):
-        # The gradient anchor: a trainable (0, dim) weight Keras tracks like any other.
-        self.shadow = self.params.trainable_wrapper(self._shadow_name)
-        self.built = True
-
-    # ---- lookups -------------------------------------------------------------------------------
-    def _ids(self, ids):
-        values = ids.flat_values if isinstance(ids, tf.RaggedTensor) else ids
-        if isinstance(values, tf.SparseTensor):
-            raise TypeError(f"{type(self).__name__} takes dense or ragged ids, not a SparseTensor")
-        values = tf.convert_to_tensor(values)
-        if not values.dtype.is_integer and not (values.dtype == tf.string == self.key_dtype):
-            raise TypeError(f"{type(self).__name__} {self.name!r} got ids of dtype "
-                            f"{values.dtype.name}; ids must be integers (declare "
-                            f"keras.Input(..., dtype='{self.key_dtype.name}'))")
-        if values.dtype != self.key_dtype:
-            if self.key_dtype == tf.int64 and values.dtype in (tf.int32, tf.int16, tf.int8,
-                                                               tf.uint8, tf.uint16, tf.uint32):
-                values = tf.cast(values, tf.int64)  # widening is exact
-            else:
-                raise TypeError(f"{type(self).__name__} {self.name!r} has key_dtype "
-                                f"{self.key_dtype.name} but got ids of dtype {values.dtype.name}")
-        return ids.with_flat_values(values) if isinstance(ids, tf.RaggedTensor) else values
-
-    def _lookup(self, ids):
-        fn = embedding_lookup_unique if self.with_unique else embedding_lookup
-        return fn(self.params, ids, name=self._shadow_name, max_norm=self.max_norm)
-
-    def _to_compute_dtype(self, out):
-        """Rows in the layer's compute dtype under a float16 / bfloat16 policy (e.g.
-        ``mixed_float16``), as Keras layers return; the table keeps ``value_dtype``."""
-        dtype = self.compute_dtype
-        if dtype in ("float16", "bfloat16") and out.dtype != dtype:
-            return tf.cast(out, dtype)
-        return out
-
-    def call(self, ids):
-        return self._to_compute_dtype(self._lookup(self._ids(ids)))
-
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape) + (self.embedding_size,)
-
-    # ---- saving ---------------------------------------------------------------------------------
-    def get_config(self):
-        config = super().get_config()  # with the dtype policy
-        if self.partitioner is not default_partition_fn:
-            warnings.warn(f"layer {self.name!r}: a custom partitioner is not serialized; "
-                          "from_config uses the default", stacklevel=2)
-        config.update({
-            "embedding_size": self.embedding_size,
-            "key_dtype": self.key_dtype.name,
-            "value_dtype": self.value_dtype.name,
-            "combiner": self.combiner,
-            "initializer": _serialize_initializer(self.initializer),
-            "devices": self.devices,
-            "with_unique": self.with_unique,
-            "short_file_name": self.short_file_name,
-            "bp_v2": self.bp_v2,
-            "restrict_policy": (None if self.restrict_policy is None
-                                else self.restrict_policy.__name__),
-            "init_capacity": self.init_capacity,
-            "kv_creator": _serialize_creator(self.kv_creator),
-            "max_norm": self.max_norm,
-            "checkpoint": self.checkpoint,
-        })
-        return config
+    def _make_anchor(self):
+        # A trainable (0, dim) weight Keras tracks like any other.
+        return self.params.trainable_wrapper(self._shadow_name)
 
     def save_own_variables(self, store):
         keras_files.layer_save_own_variables(self, store)
@@ -209,104 +36,15 @@ BasicEmbedding = Embedding
 
 
 @keras.saving.register_keras_serializable(package="dualemb")
-class SquashedEmbedding(Embedding):
-    """``Embedding`` followed by pooling with ``combiner`` ("sum", "mean", "max" or "min") over
-    every axis but the first (batch) and the last: ids ``[batch, ...]`` -> ``[batch, dim]``
-    (ragged ids pool their ragged axis). As in TFRA, 1-D ids are one example: ids ``[n]`` pool
-    over all ``n`` and give ``[dim]``."""
-
-    def __init__(self, embedding_size, key_dtype=tf.int64, value_dtype=tf.float32,
-                 combiner="sum", initializer=None, devices=None, name="DynamicEmbeddingLayer",
-                 with_unique=True, short_file_name=False, **kwargs):
-        if combiner not in _POOLING:
-            raise ValueError(f"combiner must be one of {_POOLING}, got {combiner!r}")
-        super().__init__(embedding_size, key_dtype=key_dtype, value_dtype=value_dtype,
-                         combiner=combiner, initializer=initializer, devices=devices, name=name,
-                         with_unique=with_unique, short_file_name=short_file_name, **kwargs)
-
-    def call(self, ids):
-        emb = self._lookup(self._ids(ids))  # pooled in value_dtype, then cast to the policy's
-        reduce = {"sum": tf.reduce_sum, "mean": tf.reduce_mean, "max": tf.reduce_max,
-                  "min": tf.reduce_min}[self.combiner]
-        if isinstance(emb, tf.RaggedTensor):
-            for _ in range(emb.ragged_rank):
-                emb = reduce(emb, axis=1)
-        rank = emb.shape.rank
-        if rank == 2:  # ids [n]: a single example (TFRA's squashing), -> [dim]
-            emb = reduce(emb, axis=0)
-        elif rank is not None and rank > 2:
-            emb = reduce(emb, axis=list(range(1, rank - 1)))
-        return self._to_compute_dtype(emb)
-
-    def compute_output_shape(self, input_shape):
-        if len(input_shape) == 1:
-            return (self.embedding_size,)
-        return (input_shape[0], self.embedding_size)
+class SquashedEmbedding(SquashedLogic, Embedding):
+    __doc__ = SquashedLogic.__doc__
 
 
 @keras.saving.register_keras_serializable(package="dualemb")
-class FieldWiseEmbedding(Embedding):
-    """``Embedding`` whose rows are pooled per field: ``slot_map_fn(ids)`` gives each id's field
-    in ``[0, nslots)`` (default ``ids mod nslots``), and the rows of one example's ids of one field
-    are combined with ``combiner`` ("sum", "mean" or "sqrtn"). Ids ``[batch, n]`` (or ``[batch]``,
-    or ragged ``[batch, None]``) -> ``[batch, nslots, dim]``; an empty field gives zeros."""
+class FieldWiseEmbedding(FieldWiseLogic, Embedding):
+    __doc__ = FieldWiseLogic.__doc__
 
-    def __init__(self, embedding_size, nslots, slot_map_fn=None, key_dtype=tf.int64,
-                 value_dtype=tf.float32, combiner="sum", initializer=None, devices=None,
-                 name="SlotDynamicEmbeddingLayer", with_unique=True, **kwargs):
-        if combiner not in _SEGMENT:
-            raise ValueError(f"combiner must be one of {_SEGMENT}, got {combiner!r}")
-        if isinstance(slot_map_fn, dict):
-            slot_map_fn = keras.saving.deserialize_keras_object(slot_map_fn)
-        super().__init__(embedding_size, key_dtype=key_dtype, value_dtype=value_dtype,
-                         combiner=combiner, initializer=initializer, devices=devices, name=name,
-                         with_unique=with_unique, **kwargs)
-        self.nslots = int(nslots)
-        if self.nslots <= 0:
-            raise ValueError(f"nslots must be positive, got {nslots}")
-        self.slot_map_fn = slot_map_fn
 
-    def _slots(self, ids):
-        if self.slot_map_fn is None:
-            return tf.math.floormod(ids, tf.cast(self.nslots, ids.dtype))
-        return self.slot_map_fn(ids)
-
-    def call(self, ids):
-        ids = self._ids(ids)
-        if isinstance(ids, tf.RaggedTensor):
-            if ids.shape.rank != 2:
-                raise NotImplementedError("FieldWiseEmbedding takes ragged ids of rank 2")
-            flat_ids = ids.flat_values
-            rows_of = ids.value_rowids()
-            batch = ids.nrows()
-        else:
-            rank = ids.shape.rank
-            if rank is None or rank > 2:
-                raise NotImplementedError(
-                    f"FieldWiseEmbedding takes ids of rank <= 2, got rank {rank}")
-            if rank < 2:
-                ids = tf.reshape(ids, [-1, 1])
-            batch = tf.shape(ids, out_type=tf.int64)[0]
-            width = tf.shape(ids, out_type=tf.int64)[1]
-            flat_ids = tf.reshape(ids, [-1])
-            rows_of = tf.repeat(tf.range(batch), width)
-        emb = self._lookup(flat_ids)
-        emb = tf.cast(emb, tf.float32)
-        slots = tf.cast(self._slots(flat_ids), tf.int64)
-        segments = tf.cast(rows_of, tf.int64) * self.nslots + slots
-        num = tf.cast(batch, tf.int64) * self.nslots
-        pooled = {"sum": tf.math.unsorted_segment_sum, "mean": tf.math.unsorted_segment_mean,
-                  "sqrtn": tf.math.unsorted_segment_sqrt_n}[self.combiner](emb, segments, num)
-        out = tf.reshape(pooled, [-1, self.nslots, self.embedding_size])
-        out = out if self.value_dtype == tf.float32 else tf.cast(out, self.value_dtype)
-        return self._to_compute_dtype(out)
-
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], self.nslots, self.embedding_size)
-
-    def get_config(self):
-        config = super().get_config()
-        config["nslots"] = self.nslots
-        config["slot_map_fn"] = (None if self.slot_map_fn is None
-                                 else keras.saving.serialize_keras_object(self.slot_map_fn))
-        return config
+@keras.saving.register_keras_serializable(package="dualemb")
+class HvdAllToAllEmbedding(HvdAllToAllLogic, Embedding):
+    __doc__ = HvdAllToAllLogic.__doc__
