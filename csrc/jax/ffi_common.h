@@ -17,6 +17,11 @@
 //    machines a pair is the int64's memory, so pairs are read in place. Keys are converted to the
 //    table's key dtype here; int64 keys that do not fit an int32 table are an error, never
 //    truncated.
+//  * Row buffers (values, deltas, exported values and slots) are in the table's value dtype
+//    (DE_VALUE_*), declared by the Python side from the handle's static value_dtype. Each
+//    handler checks the buffer's element type against the table's value dtype when it runs and
+//    fails naming both if they differ (a step compiled for a float32 table given the handle of
+//    a float16 table): bytes are never reinterpreted. Gradients are float32 whatever the dtype.
 //  * Errors from the core become ffi::Error with the core's message; a failed call leaves the
 //    table unchanged (the core's contract).
 #ifndef DUALEMB_JAX_FFI_COMMON_H_
@@ -47,15 +52,66 @@ struct TableDims {
   int64_t dim = 0;
   int32_t key_dtype = DE_KEY_INT64;
   int32_t num_slots = 0;
+  int32_t value_dtype = DE_VALUE_FLOAT32;
 };
 
 inline ffi::Error GetDims(int64_t table_id, TableDims* out) {
-  if (de_table_dims(table_id, &out->dim, &out->key_dtype, &out->num_slots) != 0)
+  if (de_table_dims(table_id, &out->dim, &out->key_dtype, &out->num_slots) != 0 ||
+      de_value_dtype(table_id, &out->value_dtype) != 0)
     return ffi::Error::InvalidArgument(
         "dualemb: unknown table id " + std::to_string(table_id) +
         " (destroyed, or not created or loaded in this process; create it or load its checkpoint "
         "first)");
   return ffi::Error::Success();
+}
+
+// The XLA element type that holds a value dtype's rows (DE_VALUE_* order).
+inline ffi::DataType XlaValueType(int32_t value_dtype) {
+  switch (value_dtype) {
+    case DE_VALUE_FLOAT32: return ffi::DataType::F32;
+    case DE_VALUE_FLOAT16: return ffi::DataType::F16;
+    case DE_VALUE_BFLOAT16: return ffi::DataType::BF16;
+    case DE_VALUE_FLOAT64: return ffi::DataType::F64;
+    case DE_VALUE_INT8: return ffi::DataType::S8;
+    case DE_VALUE_INT32: return ffi::DataType::S32;
+    case DE_VALUE_INT64: return ffi::DataType::S64;
+    default: return ffi::DataType::INVALID;
+  }
+}
+
+inline const char* ValueDtypeName(int32_t value_dtype) {
+  static const char* const kNames[] = {"float32", "float16", "bfloat16", "float64",
+                                       "int8",    "int32",   "int64"};
+  return value_dtype >= 0 && value_dtype < 7 ? kNames[value_dtype] : "unknown";
+}
+
+// The dtype name of an XLA element type, for messages.
+inline const char* XlaTypeName(ffi::DataType t) {
+  for (int32_t v = 0; v < 7; ++v)
+    if (XlaValueType(v) == t) return ValueDtypeName(v);
+  switch (t) {
+    case ffi::DataType::PRED: return "bool";
+    case ffi::DataType::S16: return "int16";
+    case ffi::DataType::U8: return "uint8";
+    case ffi::DataType::U32: return "uint32";
+    default: return "another dtype";
+  }
+}
+
+// Checks that a row buffer (`what`: "rows", "deltas", "slots") is in the table's value dtype.
+inline ffi::Error CheckValueType(const TableDims& dims, int64_t table_id, ffi::DataType got,
+                                 const char* what) {
+  if (got == XlaValueType(dims.value_dtype)) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(
+      std::string("dualemb: ") + what + " are " + XlaTypeName(got) + " but table " +
+      std::to_string(table_id) + " stores " + ValueDtypeName(dims.value_dtype) +
+      " values (the handle's value_dtype does not match the table it names; make the handle "
+      "with dualemb.jax.attach or load, which read the table's dtype)");
+}
+
+// Bytes of one element of the table's value dtype.
+inline size_t ValueBytes(const TableDims& dims) {
+  return ffi::ByteWidth(XlaValueType(dims.value_dtype));
 }
 
 using Handle = ffi::Buffer<ffi::F32>;

@@ -14,7 +14,7 @@ namespace {
 // find: rows of `keys` and whether each exists (unless `exists` is empty); missing keys read as
 // their initializer row and are not inserted (TFRA's find).
 ffi::Error FindImpl(Handle handle, Version version, ffi::AnyBuffer keys,
-                    ffi::ResultBuffer<ffi::F32> values, ffi::ResultBuffer<ffi::PRED> exists) {
+                    ffi::Result<ffi::AnyBuffer> values, ffi::ResultBuffer<ffi::PRED> exists) {
   (void)ReadVersion(version);
   int64_t table_id = 0;
   TableDims dims;
@@ -22,11 +22,13 @@ ffi::Error FindImpl(Handle handle, Version version, ffi::AnyBuffer keys,
   if (auto e = Prepare(handle, keys, &table_id, &dims, &k, values->element_count(), "rows");
       e.failure())
     return e;
+  if (auto e = CheckValueType(dims, table_id, values->element_type(), "rows"); e.failure())
+    return e;
   // An empty `exists` result means the caller does not want it (lookup).
   const bool want_exists = exists->element_count() != 0;
   if (want_exists && static_cast<int64_t>(exists->element_count()) != k.n)
     return ffi::Error::InvalidArgument("dualemb find: exists must have one entry per key");
-  if (de_find(table_id, dims.key_dtype, k.data, k.n, values->typed_data(),
+  if (de_find(table_id, dims.key_dtype, k.data, k.n, values->untyped_data(),
               want_exists ? reinterpret_cast<uint8_t*>(exists->typed_data()) : nullptr) != 0)
     return CoreError("find");
   return ffi::Error::Success();
@@ -54,13 +56,17 @@ ffi::Error SizeImpl(Handle handle, Version version, ffi::Result<ffi::AnyBuffer> 
 // length of the outputs); `count` receives how many were written (the rest is zero-filled).
 // Keys come out as int64, int32 or uint32 pairs, whichever the `keys` result is.
 ffi::Error ExportImpl(Handle handle, Version version, ffi::Buffer<ffi::S32> offset,
-                      ffi::Result<ffi::AnyBuffer> keys, ffi::ResultBuffer<ffi::F32> values,
-                      ffi::ResultBuffer<ffi::F32> slots, ffi::ResultBuffer<ffi::S32> count) {
+                      ffi::Result<ffi::AnyBuffer> keys, ffi::Result<ffi::AnyBuffer> values,
+                      ffi::Result<ffi::AnyBuffer> slots, ffi::ResultBuffer<ffi::S32> count) {
   (void)ReadVersion(version);
   int64_t table_id = 0;
   if (auto e = ReadTableId(handle, &table_id); e.failure()) return e;
   TableDims dims;
   if (auto e = GetDims(table_id, &dims); e.failure()) return e;
+  if (auto e = CheckValueType(dims, table_id, values->element_type(), "values"); e.failure())
+    return e;
+  if (auto e = CheckValueType(dims, table_id, slots->element_type(), "slots"); e.failure())
+    return e;
   const int64_t limit = CountKeys(*keys);
   if (limit < 0) return ffi::Error::InvalidArgument("dualemb export: bad keys result type");
   if (static_cast<int64_t>(values->element_count()) != limit * dims.dim)
@@ -91,8 +97,8 @@ ffi::Error ExportImpl(Handle handle, Version version, ffi::Buffer<ffi::S32> offs
   std::memset(values->untyped_data(), 0, values->size_bytes());
   if (want_slots) std::memset(slots->untyped_data(), 0, slots->size_bytes());
   int64_t n = 0;
-  if (de_export(table_id, off, limit, dims.key_dtype, kdst, values->typed_data(),
-                want_slots ? slots->typed_data() : nullptr, dims.num_slots, nullptr, nullptr,
+  if (de_export(table_id, off, limit, dims.key_dtype, kdst, values->untyped_data(),
+                want_slots ? slots->untyped_data() : nullptr, dims.num_slots, nullptr, nullptr,
                 &n) != 0)
     return CoreError("export");
   if (!k32.empty()) {  // int32 table exported as int64 / pairs: widen
@@ -122,7 +128,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find, FindImpl,
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::PRED>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_size, SizeImpl,
@@ -137,8 +143,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_export, ExportImpl,
                                   .Arg<Version>()
                                   .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::S32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_after, AfterImpl,

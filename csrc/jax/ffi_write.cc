@@ -11,7 +11,7 @@ namespace {
 
 // find_or_insert: like find, but missing keys are inserted with their initializer row.
 ffi::Error FindOrInsertImpl(Handle handle, Version version, ffi::AnyBuffer keys,
-                            NextVersion next, ffi::ResultBuffer<ffi::F32> values,
+                            NextVersion next, ffi::Result<ffi::AnyBuffer> values,
                             ffi::ResultBuffer<ffi::PRED> exists) {
   const float v = ReadVersion(version);
   int64_t table_id = 0;
@@ -19,9 +19,11 @@ ffi::Error FindOrInsertImpl(Handle handle, Version version, ffi::AnyBuffer keys,
   Keys k;
   if (auto e = Prepare(handle, keys, &table_id, &dims, &k, values->element_count(), "rows"); e.failure())
     return e;
+  if (auto e = CheckValueType(dims, table_id, values->element_type(), "rows"); e.failure())
+    return e;
   if (static_cast<int64_t>(exists->element_count()) != k.n)
     return ffi::Error::InvalidArgument("dualemb find_or_insert: exists needs one entry per key");
-  if (de_find_or_insert(table_id, dims.key_dtype, k.data, k.n, values->typed_data(),
+  if (de_find_or_insert(table_id, dims.key_dtype, k.data, k.n, values->untyped_data(),
                         reinterpret_cast<uint8_t*>(exists->typed_data()), nullptr) != 0)
     return CoreError("find_or_insert");
   WriteVersion(next, v);
@@ -30,15 +32,17 @@ ffi::Error FindOrInsertImpl(Handle handle, Version version, ffi::AnyBuffer keys,
 
 // insert_or_assign: writes rows (the last of duplicate keys wins).
 ffi::Error InsertImpl(Handle handle, Version version, ffi::AnyBuffer keys,
-                      ffi::Buffer<ffi::F32> values, NextVersion next) {
+                      ffi::AnyBuffer values, NextVersion next) {
   const float v = ReadVersion(version);
   int64_t table_id = 0;
   TableDims dims;
   Keys k;
   if (auto e = Prepare(handle, keys, &table_id, &dims, &k, values.element_count(), "rows"); e.failure())
     return e;
-  if (de_insert_or_assign(table_id, dims.key_dtype, k.data, k.n, values.typed_data(), nullptr) !=
-      0)
+  if (auto e = CheckValueType(dims, table_id, values.element_type(), "rows"); e.failure())
+    return e;
+  if (de_insert_or_assign(table_id, dims.key_dtype, k.data, k.n, values.untyped_data(),
+                          nullptr) != 0)
     return CoreError("insert_or_assign");
   WriteVersion(next, v);
   return ffi::Error::Success();
@@ -47,7 +51,7 @@ ffi::Error InsertImpl(Handle handle, Version version, ffi::AnyBuffer keys,
 // insert_or_assign of the rows whose mask entry is true (the others are not touched). Used to
 // write back padded batches (e.g. the unique keys of a batch, padded to a static length).
 ffi::Error InsertMaskedImpl(Handle handle, Version version, ffi::AnyBuffer keys,
-                            ffi::Buffer<ffi::F32> values, ffi::Buffer<ffi::PRED> mask,
+                            ffi::AnyBuffer values, ffi::Buffer<ffi::PRED> mask,
                             NextVersion next) {
   const float v = ReadVersion(version);
   int64_t table_id = 0;
@@ -55,19 +59,23 @@ ffi::Error InsertMaskedImpl(Handle handle, Version version, ffi::AnyBuffer keys,
   Keys k;
   if (auto e = Prepare(handle, keys, &table_id, &dims, &k, values.element_count(), "rows"); e.failure())
     return e;
+  if (auto e = CheckValueType(dims, table_id, values.element_type(), "rows"); e.failure())
+    return e;
   if (static_cast<int64_t>(mask.element_count()) != k.n)
     return ffi::Error::InvalidArgument("dualemb insert: mask needs one entry per key");
   const bool* m = mask.typed_data();
   const size_t kbytes = dims.key_dtype == DE_KEY_INT64 ? 8 : 4;
   const int64_t dim = dims.dim;
   std::vector<char> kbuf(kbytes * k.n);
-  std::vector<float> vbuf(static_cast<size_t>(k.n * dim));
+  const size_t row_bytes = ValueBytes(dims) * static_cast<size_t>(dim);
+  const char* src = static_cast<const char*>(values.untyped_data());
+  std::vector<char> vbuf(row_bytes * static_cast<size_t>(k.n));
   int64_t out = 0;
   for (int64_t i = 0; i < k.n; ++i) {
     if (!m[i]) continue;
     std::memcpy(kbuf.data() + out * kbytes, static_cast<const char*>(k.data) + i * kbytes,
                 kbytes);
-    std::memcpy(vbuf.data() + out * dim, values.typed_data() + i * dim, sizeof(float) * dim);
+    std::memcpy(vbuf.data() + out * row_bytes, src + i * row_bytes, row_bytes);
     ++out;
   }
   if (out > 0 && de_insert_or_assign(table_id, dims.key_dtype, kbuf.data(), out, vbuf.data(),
@@ -79,7 +87,7 @@ ffi::Error InsertMaskedImpl(Handle handle, Version version, ffi::AnyBuffer keys,
 
 // accum (TFRA's rule): absent && !exists -> insert delta; present && exists -> row += delta.
 ffi::Error AccumImpl(Handle handle, Version version, ffi::AnyBuffer keys,
-                     ffi::Buffer<ffi::F32> deltas, ffi::Buffer<ffi::PRED> exists,
+                     ffi::AnyBuffer deltas, ffi::Buffer<ffi::PRED> exists,
                      NextVersion next) {
   const float v = ReadVersion(version);
   int64_t table_id = 0;
@@ -87,9 +95,11 @@ ffi::Error AccumImpl(Handle handle, Version version, ffi::AnyBuffer keys,
   Keys k;
   if (auto e = Prepare(handle, keys, &table_id, &dims, &k, deltas.element_count(), "deltas"); e.failure())
     return e;
+  if (auto e = CheckValueType(dims, table_id, deltas.element_type(), "deltas"); e.failure())
+    return e;
   if (static_cast<int64_t>(exists.element_count()) != k.n)
     return ffi::Error::InvalidArgument("dualemb accum: exists needs one entry per key");
-  if (de_accum(table_id, dims.key_dtype, k.data, k.n, deltas.typed_data(),
+  if (de_accum(table_id, dims.key_dtype, k.data, k.n, deltas.untyped_data(),
                reinterpret_cast<const uint8_t*>(exists.typed_data()), nullptr) != 0)
     return CoreError("accum");
   WriteVersion(next, v);
@@ -119,7 +129,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find_or_insert, FindOrInsertImpl,
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::PRED>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_insert_or_assign, InsertImpl,
@@ -127,7 +137,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_insert_or_assign, InsertImpl,
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_insert_masked, InsertMaskedImpl,
@@ -135,7 +145,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_insert_masked, InsertMaskedImpl,
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
@@ -144,7 +154,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_accum, AccumImpl,
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::PRED>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 

@@ -14,6 +14,9 @@ input raises at trace time. Conventions (see ``csrc/jax/ffi_common.h``):
 * Both go through ``stop_gradient``: they are identities, not differentiable inputs (a table
   inside a pytree given to ``jax.grad`` gets zero cotangents instead of an error about a
   missing differentiation rule).
+* row buffers (rows, values, deltas, slots) are in the table's value dtype, given by the
+  caller from the handle's static ``value_dtype`` (the handler checks it against the table);
+  gradients and learning rates are float32.
 * ``keys`` is an int64 or int32 array, or uint32 pairs ``[..., 2]`` (int64 ids in 32-bit mode);
   ``shape`` is the ids' logical shape (without the pair axis).
 * ``vmap_method="expand_dims"``: under ``jax.vmap`` the whole batch goes to one call.
@@ -137,20 +140,21 @@ def _next(version):
     return _sds(jnp.shape(version), _f32)
 
 
-def find(handle, dim, version, keys, shape, with_exists=True):
-    """(rows [shape + (dim,)], exists [shape]) — reads only. Without ``with_exists`` the
-    second result is empty (one output fewer to fill)."""
+def find(handle, dim, version, keys, shape, with_exists=True, dtype=_f32):
+    """(rows [shape + (dim,)] of ``dtype`` (the table's value dtype), exists [shape]) — reads
+    only. Without ``with_exists`` the second result is empty (one output fewer to fill)."""
     return _call(
         "dualemb_find",
-        (_sds(shape + (dim,), _f32), _sds(shape if with_exists else (0,), jnp.bool_)),
+        (_sds(shape + (dim,), dtype), _sds(shape if with_exists else (0,), jnp.bool_)),
         *_table(handle, version), keys)
 
 
-def find_or_insert(handle, dim, version, keys, shape):
-    """(next version, rows, exists); missing keys are inserted with their initializer row."""
+def find_or_insert(handle, dim, version, keys, shape, dtype=_f32):
+    """(next version, rows of ``dtype``, exists); missing keys are inserted with their
+    initializer row."""
     return _call(
         "dualemb_find_or_insert",
-        (_next(version), _sds(shape + (dim,), _f32), _sds(shape, jnp.bool_)),
+        (_next(version), _sds(shape + (dim,), dtype), _sds(shape, jnp.bool_)),
         *_table(handle, version), keys, has_side_effect=True)
 
 
@@ -189,15 +193,16 @@ def size(handle, version):
     return _call("dualemb_size", _sds((), dtype), *_table(handle, version))
 
 
-def export(handle, dim, num_slots, version, offset, limit, key_layout):
-    """(keys, values [limit, dim], slots [limit, num_slots, dim], count): a page of rows.
+def export(handle, dim, num_slots, version, offset, limit, key_layout, dtype=_f32):
+    """(keys, values [limit, dim], slots [limit, num_slots, dim], count): a page of rows
+    (values and slots of ``dtype``, the table's value dtype).
 
     ``key_layout`` is ``(shape, dtype)`` of the keys result: ``((limit,), int64|int32)`` or
     ``((limit, 2), uint32)`` for pairs."""
     kshape, kdtype = key_layout
     return _call(
         "dualemb_export",
-        (_sds(kshape, kdtype), _sds((limit, dim), _f32), _sds((limit, num_slots, dim), _f32),
+        (_sds(kshape, kdtype), _sds((limit, dim), dtype), _sds((limit, num_slots, dim), dtype),
          _sds((), _i32)),
         *_table(handle, version), jnp.asarray(offset, _i32))
 

@@ -11,6 +11,8 @@ of one FFI handler as numpy arrays and returns its results, with the handler's s
   every element of the next token's shape;
 * keys: int64, int32 or uint32 pairs ``[..., 2]`` (read as int64), converted to the table's key
   dtype, int64 keys that do not fit an int32 table refused (never truncated);
+* row buffers (rows, values, deltas, slots) are in the table's value dtype; one in another dtype
+  is refused, naming both (as the handler's CheckValueType), never reinterpreted;
 * errors raise :class:`HostCallbackError` with the handler's message; the core's contract leaves
   the table unchanged.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from dualemb._native import load_extension
+from dualemb.core import value_dtypes as _vd
 
 _core = load_extension("_core")
 
@@ -115,6 +118,28 @@ def _f32(a) -> np.ndarray:
     return np.ascontiguousarray(a, np.float32).reshape(-1)
 
 
+def _value_dtype(tid: int) -> np.dtype:
+    return _vd.NUMPY[_vd.CODES[int(_core.value_dtype(tid))]]
+
+
+def _check_values(tid: int, dtype, what: str) -> np.dtype:
+    """The table's value dtype, if ``dtype`` (a row buffer's) is it; the handler's error if not."""
+    want = _value_dtype(tid)
+    if np.dtype(dtype) != want:
+        raise HostCallbackError(
+            f"dualemb: {what} are {np.dtype(dtype).name} but table {tid} stores {want.name} "
+            "values (the handle's value_dtype does not match the table it names; make the "
+            "handle with dualemb.jax.attach or load, which read the table's dtype)")
+    return want
+
+
+def _rows(tid: int, a, what: str) -> np.ndarray:
+    """A row operand as a flat contiguous array, after checking its dtype."""
+    a = np.asarray(a)
+    _check_values(tid, a.dtype, what)
+    return np.ascontiguousarray(a).reshape(-1)
+
+
 def _core_call(what: str, fn, *args):
     try:
         return fn(*args)
@@ -149,7 +174,8 @@ def _check_rows(rows: np.ndarray, n: int, dim: int, name: str = "rows"):
 
 def find(handle, version, keys, *, outs):
     tid, dim, _, k = _prepare(handle, keys)
-    rows, exists = _empty(outs[0], 0).astype(np.float32), _empty(outs[1]).astype(np.uint8)
+    rows, exists = _empty(outs[0], 0), _empty(outs[1]).astype(np.uint8)
+    _check_values(tid, rows.dtype, "rows")
     _check_rows(rows, k.size, dim)
     want_exists = exists.size != 0  # an empty result: the caller does not want it (lookup)
     if want_exists and exists.size != k.size:
@@ -171,7 +197,9 @@ def size(handle, version, *, outs):
 def export(handle, version, offset, *, outs):
     tid = table_id(handle)
     dim, kd, ns = _dims(tid)
-    (kshape, kdtype), (vshape, _), (sshape, _), (cshape, _) = outs
+    (kshape, kdtype), (vshape, vdtype), (sshape, sdtype), (cshape, _) = outs
+    vdtype = _check_values(tid, vdtype, "values")
+    _check_values(tid, sdtype, "slots")
     kdtype = np.dtype(kdtype)
     limit = int(np.prod(kshape)) // (2 if kdtype == np.uint32 else 1)
     if int(np.prod(vshape)) != limit * dim:
@@ -186,8 +214,8 @@ def export(handle, version, offset, *, outs):
         raise HostCallbackError(
             "dualemb export: an int64 table's keys cannot be exported as int32")
     core_keys = np.zeros(limit, np.int64 if kd == _INT64 else np.int32)
-    values = np.zeros((limit, dim), np.float32)
-    slots = np.zeros((limit, ns if want_slots else 0, dim), np.float32)
+    values = np.zeros((limit, dim), vdtype)
+    slots = np.zeros((limit, ns if want_slots else 0, dim), vdtype)
     n = _core_call("export", _core.export_page, tid, off, core_keys, values,
                    slots if want_slots else None, None, None)
     keys = np.zeros(limit, np.int32 if kdtype == np.int32 else np.int64)
@@ -239,7 +267,8 @@ def exchange_check(needed, capacity, payload, *, outs):
 
 def find_or_insert(handle, version, keys, *, outs):
     tid, dim, _, k = _prepare(handle, keys)
-    rows, exists = _empty(outs[1]).astype(np.float32), _empty(outs[2]).astype(np.uint8)
+    rows, exists = _empty(outs[1]), _empty(outs[2]).astype(np.uint8)
+    _check_values(tid, rows.dtype, "rows")
     _check_rows(rows, k.size, dim)
     if exists.size != k.size:
         raise HostCallbackError("dualemb find_or_insert: exists must have one entry per key")
@@ -249,18 +278,19 @@ def find_or_insert(handle, version, keys, *, outs):
 
 def insert_or_assign(handle, version, keys, values, *, outs):
     tid, _, _, k = _prepare(handle, keys, values, "rows")
-    _core_call("insert_or_assign", _core.insert_or_assign, tid, k, _f32(values))
+    _core_call("insert_or_assign", _core.insert_or_assign, tid, k, _rows(tid, values, "rows"))
     return (_next_version(version, outs[0][0]),)
 
 
 def insert_masked(handle, version, keys, values, mask, *, outs):
     tid, dim, _, k = _prepare(handle, keys, values, "rows")
+    v = _rows(tid, values, "rows")
     m = np.asarray(mask, bool).reshape(-1)
     if m.size != k.size:
         raise HostCallbackError("dualemb insert: mask needs one entry per key")
     if m.any():
         _core_call("insert_or_assign", _core.insert_or_assign, tid,
-                   np.ascontiguousarray(k[m]), _f32(_f32(values).reshape(-1, dim)[m]))
+                   np.ascontiguousarray(k[m]), np.ascontiguousarray(v.reshape(-1, dim)[m]))
     return (_next_version(version, outs[0][0]),)
 
 
@@ -269,7 +299,7 @@ def accum(handle, version, keys, deltas, exists, *, outs):
     e = np.asarray(exists, bool).reshape(-1)
     if e.size != k.size:
         raise HostCallbackError("dualemb accum: exists needs one entry per key")
-    _core_call("accum", _core.accum, tid, k, _f32(deltas),
+    _core_call("accum", _core.accum, tid, k, _rows(tid, deltas, "deltas"),
                np.ascontiguousarray(e).view(np.uint8))
     return (_next_version(version, outs[0][0]),)
 

@@ -28,6 +28,7 @@ from dualemb.core.checkpoint._manifest import write_files as _write_manifest_fil
 from dualemb.core.checkpoint._safetensors import fsync_dir
 from dualemb.core.checkpoint._save import _describe, _write_new_file, _write_shard, _workers
 from dualemb.core.table import Table as CoreTable
+from dualemb.jax import _values
 from dualemb.jax import optimizers as _opts
 from dualemb.jax.checkpoint import DEFAULT_NAME, META_KEY, _resolve_optimizer
 
@@ -126,8 +127,8 @@ def load(path, mesh, axis: str, build, *, name: str | None = None, optimizer=Non
     calls it). The rows are resharded by ``shard_of`` to the mesh axis' N shards; each process
     keeps its own shards (it reads the whole checkpoint once and holds the other shards' rows
     only while loading). Optimizer and step as ``dualemb.jax.load``. ``axis`` is the checked
-    mesh axis; ``build(shard_id_of, dim, key_dtype, optimizer, step)`` makes the table (given
-    by dualemb.jax.sharded, which imports this module)."""
+    mesh axis; ``build(shard_id_of, dim, key_dtype, optimizer, step, value_dtype)`` makes the
+    table (given by dualemb.jax.sharded, which imports this module)."""
     from dualemb.jax.checkpoint import table_names
     from dualemb.jax.table import canonical
     from dualemb.jax import checkpoint as _jck
@@ -144,7 +145,11 @@ def load(path, mesh, axis: str, build, *, name: str | None = None, optimizer=Non
     meta = manifest.get("metadata") or {}
     info = dict(meta.get(META_KEY, {}).get(name, {}))
     info["neutral_learning_rate"] = meta.get("learning_rates", {}).get(name)
+    value_dtype = str(entry.get("value_dtype", "float32"))
+    _values.require_available(value_dtype)
     opt = _resolve_optimizer(name, entry, info, optimizer, learning_rate)
+    if opt is not None:
+        _values.check_trainable(value_dtype, f"sharded load of table {name!r} with an optimizer")
     if opt is not None and not isinstance(opt, _opts.Optimizer):
         raise TypeError("a sharded table needs a fused optimizer from dualemb.jax.optimizers")
     n = int(mesh.shape[axis])
@@ -162,4 +167,4 @@ def load(path, mesh, axis: str, build, *, name: str | None = None, optimizer=Non
     if opt is not None and mine:
         opt = canonical(shards[min(mine)], opt)
     return build(lambda d: shards[d].id, entry["dim"], str(entry["key_dtype"]), opt,
-                 int(entry.get("step") or 0))
+                 int(entry.get("step") or 0), value_dtype)

@@ -20,6 +20,7 @@ import numpy as np
 
 from dualemb.core import checkpoint as _ckpt
 from dualemb.core.table import Table as CoreTable
+from dualemb.jax import _values
 from dualemb.jax import optimizers as _opts
 from dualemb.jax.table import (Table, _optimizer, _scalar, block, canonical,
                                 check_exists)
@@ -179,14 +180,14 @@ def _plan(path, manifest: dict, name: str, into, optimizer, learning_rate) -> di
         from dualemb.jax.ids import STRING_KEYS_MESSAGE
         raise TypeError(f"table {name!r} of the checkpoint at {path} has string keys: "
                         f"{STRING_KEYS_MESSAGE}")
-    if entry.get("value_dtype", "float32") != "float32":
-        raise _ckpt.CheckpointError(
-            f"table {name!r} stores {entry['value_dtype']} values; dualemb.jax tables hold "
-            "float32 rows (load it with dualemb.core.checkpoint.load instead)")
+    value_dtype = str(entry.get("value_dtype", "float32"))
+    _values.require_available(value_dtype)  # float64/int64 need x64 (before anything is read)
     metadata = manifest.get("metadata") or {}
     info = dict(metadata.get(META_KEY, {}).get(name, {}))
     info["neutral_learning_rate"] = metadata.get("learning_rates", {}).get(name)
     opt = _resolve_optimizer(name, entry, info, optimizer, learning_rate)
+    if opt is not None:
+        _values.check_trainable(value_dtype, f"load of table {name!r} with an optimizer")
     generic = opt is not None and not isinstance(opt, _opts.Optimizer)
     state_names = list(info.get("state_tables", [])) if generic else []
     state = []
@@ -205,7 +206,7 @@ def _plan(path, manifest: dict, name: str, into, optimizer, learning_rate) -> di
         live[name] = CoreTable.attach(into.id)
         if generic and len(into.slot_tables) == len(state_names):
             live.update({s: CoreTable.attach(t) for s, t in zip(state_names, into.slot_ids)})
-    return {"name": name, "opt": opt, "generic": generic, "state_names": state_names,
+    return {"name": name, "opt": opt, "generic": generic, "value_dtype": value_dtype, "state_names": state_names,
             "state": state, "step": int(entry.get("step") or 0), "live": live}
 
 
@@ -231,7 +232,7 @@ def _handle(plan: dict, ck) -> Table:
         opt = canonical(core, opt)
     table = Table(core.id, core.dim, core.key_dtype.name,
                   opt if isinstance(opt, _opts.Optimizer) else None, _scalar(0),
-                  _scalar(plan["step"]))
+                  _scalar(plan["step"]), value_dtype=_values.name_of(core.value_dtype))
     if plan["generic"]:
         import jax.numpy as jnp
         slot_ids = tuple(ck.tables[s].id for s in plan["state_names"])

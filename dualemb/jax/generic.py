@@ -180,7 +180,10 @@ def apply(table, keys, shape, grads):
     valid = jnp.arange(n, dtype=jnp.int32) < count
 
     v = table.version
-    v, rows, _ = _ffi.find_or_insert(table.handle, dim, v, uniq, (n,))
+    # A float16/bfloat16 table's rows are widened to float32 for the transformation and rounded
+    # back on the write (as the fused path does in the core); state rows are float32 tables.
+    v, rows, _ = _ffi.find_or_insert(table.handle, dim, v, uniq, (n,), dtype=table.dtype)
+    rows = rows.astype(jnp.float32)
     state_rows = []
     for tid in table.slot_tables:
         v, srows, _ = _ffi.find_or_insert(tid, dim, v, uniq, (n,))
@@ -199,7 +202,7 @@ def apply(table, keys, shape, grads):
     new_scalars = tuple(jnp.asarray(l).astype(s.dtype) for l, s, k in
                         zip(new_leaves, jax.tree_util.tree_leaves(state), lay.kinds)
                         if k == "scalar")
-    v = _ffi.insert_or_assign(table.handle, v, uniq, new_rows, valid)
+    v = _ffi.insert_or_assign(table.handle, v, uniq, new_rows.astype(table.dtype), valid)
     for tid, leaf in zip(table.slot_tables, new_row_leaves):
         v = _ffi.insert_or_assign(tid, v, uniq, jnp.asarray(leaf, jnp.float32), valid)
     return table.replace(version=v, step=table.step + 1, opt_state=new_scalars)

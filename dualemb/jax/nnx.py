@@ -120,10 +120,12 @@ class Embed(nnx.Module):
     """
 
     def __init__(self, dim: int, *, table: Table | None = None, key_dtype: str = "int64",
-                 initializer=None, optimizer=None, capacity: int = 0, name: str | None = None):
+                 initializer=None, optimizer=None, capacity: int = 0, name: str | None = None,
+                 value_dtype="float32"):
         if table is None:
-            table = create(dim, key_dtype=key_dtype, initializer=initializer,
-                           optimizer=optimizer, capacity=capacity, name=name)
+            table = create(dim, key_dtype=key_dtype, value_dtype=value_dtype,
+                           initializer=initializer, optimizer=optimizer, capacity=capacity,
+                           name=name)
         elif table.dim != dim:
             raise ValueError(f"table has dim {table.dim}, Embed was given dim {dim}")
         self.dim = dim
@@ -206,6 +208,7 @@ class _Tape:
         self.paths = paths  # id(Embed) -> its path in the model graph
         self.taps = taps  # None while recording shapes
         self.calls: list = []  # (path, ids operand, shape)
+        self.dtypes: list = []  # the rows' dtype of each call (the table's value dtype)
 
     def tap(self, module: Embed, ids, rows):
         path = self.paths.get(id(module))
@@ -214,6 +217,7 @@ class _Tape:
                              "part of the model passed to it")
         operand, shape = key_operand(ids, module.table.get_value().key_dtype)
         self.calls.append((path, operand, tuple(shape)))
+        self.dtypes.append(rows.dtype)
         if self.taps is None:
             return rows
         return rows + self.taps[len(self.calls) - 1]
@@ -262,8 +266,10 @@ def value_and_grad(loss_fn: Callable, *, has_aux: bool = False, wrt=nnx.Param) -
             tape = _Tape(_embed_paths(model), None)
             with _taping(tape):
                 loss_fn(model, *args)
-            return [jax.ShapeDtypeStruct(s + (m_dim,), jnp.float32)
-                    for (_, _, s), m_dim in zip(tape.calls, _dims(model, tape.calls))]
+            # Taps in the rows' dtype, so that rows + tap keeps it (a float16 table's rows
+            # stay float16, and their gradients come back float16).
+            return [jax.ShapeDtypeStruct(s + (m_dim,), dtype) for (_, _, s), m_dim, dtype
+                    in zip(tape.calls, _dims(model, tape.calls), tape.dtypes)]
 
         shapes = nnx.eval_shape(probe, model, *args)
         taps = [jnp.zeros(s.shape, s.dtype) for s in shapes]

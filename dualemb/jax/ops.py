@@ -20,36 +20,29 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dualemb.jax import _ffi
+from dualemb.jax import _ffi, _values
 from dualemb.jax.ids import key_operand
 from dualemb.jax.table import Table, check_exists
 
 
 def _keys(table: Table, ids):
     check_exists(table)
+    _values.require_available(table.value_dtype)  # x64 may have been turned off since
     return key_operand(ids, table.key_dtype)
 
 
 def _rows_arg(table: Table, values, shape, what: str):
-    """values as float32 [shape + (dim,)], or a clear error."""
-    dtype = getattr(values, "dtype", None)
-    if dtype is None:
-        values = np.asarray(values)
-        dtype = values.dtype
-    if not jnp.issubdtype(dtype, jnp.floating):
-        raise TypeError(f"{what} must be floating point, got dtype {dtype}")
-    want = tuple(shape) + (table.dim,)
-    if tuple(jnp.shape(values)) != want:
-        raise ValueError(
-            f"{what} have shape {tuple(jnp.shape(values))}, expected ids.shape + (dim,) = {want}")
-    return jnp.asarray(values, jnp.float32)
+    """values in the table's value dtype, [shape + (dim,)], or a clear error (conversion rules:
+    :mod:`dualemb.jax._values`)."""
+    return _values.rows_operand(table.value_dtype, values, tuple(shape) + (table.dim,), what)
 
 
 # ---- reads ----------------------------------------------------------------------------------
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _lookup(table: Table, keys, shape: tuple):
-    rows, _ = _ffi.find(table.handle, table.dim, table.version, keys, shape, with_exists=False)
+    rows, _ = _ffi.find(table.handle, table.dim, table.version, keys, shape, with_exists=False,
+                        dtype=table.dtype)
     return rows
 
 
@@ -59,7 +52,8 @@ def _lookup_fwd(table, keys, shape):
 
 def _lookup_bwd(shape, _, g):
     # The table and the ids get no cotangent (zeros: the table's leaves are float32, see
-    # dualemb.jax.table; the ids are integers).
+    # dualemb.jax.table; the ids are integers). The rows' cotangent has the rows' dtype
+    # (float16 for a float16 table); apply_gradients widens it to float32.
     return None, None
 
 
@@ -67,7 +61,8 @@ _lookup.defvjp(_lookup_fwd, _lookup_bwd)
 
 
 def lookup(table: Table, ids) -> jax.Array:
-    """Rows of ``ids`` (``ids.shape + (dim,)``); the table is not changed.
+    """Rows of ``ids`` (``ids.shape + (dim,)``, in the table's value dtype); the table is not
+    changed.
 
     Missing ids read as their initializer row and are not inserted (``apply_gradients`` inserts
     them when they are trained). Differentiable: a ``custom_vjp`` treats the rows as a leaf of
@@ -85,7 +80,8 @@ def lookup(table: Table, ids) -> jax.Array:
 def find(table: Table, ids) -> tuple[jax.Array, jax.Array]:
     """(rows, exists): like :func:`lookup`, plus whether each id is in the table."""
     keys, shape = _keys(table, ids)
-    return _ffi.find(table.handle, table.dim, table.version, keys, tuple(shape))
+    return _ffi.find(table.handle, table.dim, table.version, keys, tuple(shape),
+                     dtype=table.dtype)
 
 
 def size(table: Table) -> jax.Array:
@@ -100,12 +96,13 @@ def export(table: Table, limit: int, offset=0, *, with_slots: bool = False):
 
     Returns ``(ids, values [limit, dim], count)`` — or with ``with_slots`` ``(ids, values,
     slots [limit, num_slots, dim], count)`` — where only the first ``count`` entries are
-    valid (the rest are zeros). ``ids`` are int64 (x64), int32 (int32 tables), or an
-    :class:`~dualemb.jax.ids.Ids`. ``limit`` (a non-negative int) is static; ``offset`` (a
+    valid (the rest are zeros); values and slots are in the table's value dtype. ``ids`` are
+    int64 (x64), int32 (int32 tables), or an :class:`~dualemb.jax.ids.Ids`. ``limit`` (a non-negative int) is static; ``offset`` (a
     non-negative int below 2**31) may be traced, and a negative traced offset fails when the
     call runs.
     """
     check_exists(table)
+    _values.require_available(table.value_dtype)
     from dualemb.jax.ids import Ids
     limit = _static_count("limit", limit)
     offset = _offset(offset)
@@ -117,7 +114,7 @@ def export(table: Table, limit: int, offset=0, *, with_slots: bool = False):
         layout = ((limit, 2), jnp.uint32)
     num_slots = _num_slots(table) if with_slots else 0
     keys, values, slots, count = _ffi.export(table.handle, table.dim, num_slots, table.version,
-                                             offset, limit, layout)
+                                             offset, limit, layout, dtype=table.dtype)
     if layout[1] == jnp.uint32:
         keys = Ids(keys)
     return (keys, values, slots, count) if with_slots else (keys, values, count)
@@ -164,7 +161,7 @@ def find_or_insert(table: Table, ids) -> tuple[jax.Array, jax.Array, Table]:
     """(rows, exists, table): missing ids are inserted with their initializer row."""
     keys, shape = _keys(table, ids)
     version, rows, exists = _ffi.find_or_insert(table.handle, table.dim, table.version, keys,
-                                                tuple(shape))
+                                                tuple(shape), dtype=table.dtype)
     return rows, exists, table.replace(version=version)
 
 

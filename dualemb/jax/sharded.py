@@ -44,7 +44,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from dualemb.core.routing import shard_of
-from dualemb.jax import _chunks, _ffi
+from dualemb.jax import _chunks, _ffi, _values
 from dualemb.jax import optimizers as _opts
 from dualemb.jax.ids import Ids, key_operand
 from dualemb.jax.table import Table, check_step, create as _create_one
@@ -58,19 +58,25 @@ class ShardedTable:
     :func:`create` (or :func:`dualemb.jax.sharded.load`); every write returns a new one."""
 
     __slots__ = ("handles", "versions", "step_code", "mesh", "axis", "dim", "key_dtype",
-                 "optimizer", "capacity_per_shard")
+                 "optimizer", "capacity_per_shard", "value_dtype")
 
     def tree_flatten(self):
         return ((self.handles, self.versions, self.step_code),
                 (self.mesh, self.axis, self.dim, self.key_dtype, self.optimizer,
-                 self.capacity_per_shard))
+                 self.capacity_per_shard, self.value_dtype))
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         t = object.__new__(cls)
         t.handles, t.versions, t.step_code = children
-        (t.mesh, t.axis, t.dim, t.key_dtype, t.optimizer, t.capacity_per_shard) = aux
+        (t.mesh, t.axis, t.dim, t.key_dtype, t.optimizer, t.capacity_per_shard,
+         t.value_dtype) = aux
         return t
+
+    @property
+    def dtype(self):
+        """The JAX dtype of the rows lookups return (the shards' ``value_dtype``)."""
+        return _values.jnp_dtype(self.value_dtype)
 
     @property
     def num_shards(self) -> int:
@@ -100,12 +106,14 @@ class ShardedTable:
             d = _shard_index(s)
             tid = _chunks.handle_to_id(np.asarray(s.data).reshape(4))
             out[d] = Table(tid, self.dim, self.key_dtype, self.optimizer,
-                           np.asarray(versions[d]).reshape(()), step)
+                           np.asarray(versions[d]).reshape(()), step,
+                           value_dtype=self.value_dtype)
         return out
 
     def __repr__(self) -> str:
         return (f"ShardedTable(shards={self.num_shards} over axis {self.axis!r}, dim={self.dim},"
-                f" key_dtype={self.key_dtype}, optimizer={self.optimizer!r}, "
+                f" key_dtype={self.key_dtype}, value_dtype={self.value_dtype}, "
+                f"optimizer={self.optimizer!r}, "
                 f"capacity_per_shard={self.capacity_per_shard})")
 
 
@@ -147,7 +155,7 @@ def _check_capacity(capacity_per_shard):
 
 
 def _from_shards(mesh: Mesh, axis: str, ids_of_shard, dim, key_dtype, optimizer, step: int,
-                 capacity_per_shard) -> ShardedTable:
+                 capacity_per_shard, value_dtype: str = "float32") -> ShardedTable:
     """A ShardedTable whose shard d (for this process's devices) is the core table
     ``ids_of_shard(d)``."""
     n = int(mesh.shape[axis])
@@ -163,17 +171,25 @@ def _from_shards(mesh: Mesh, axis: str, ids_of_shard, dim, key_dtype, optimizer,
     t.handles, t.versions, t.step_code = handles, versions, step_code
     t.mesh, t.axis, t.dim, t.key_dtype = mesh, axis, int(dim), key_dtype
     t.optimizer, t.capacity_per_shard = optimizer, _check_capacity(capacity_per_shard)
+    t.value_dtype = _values.name_of(value_dtype)
     return t
 
 
 def create(mesh: Mesh, dim: int, *, axis: str | None = None, capacity_per_shard: int | None = None,
-           key_dtype: str = "int64", initializer=None, optimizer=None, **kwargs) -> ShardedTable:
+           key_dtype: str = "int64", value_dtype="float32", initializer=None, optimizer=None,
+           **kwargs) -> ShardedTable:
     """Creates a table sharded over ``mesh``'s ``axis``: this process creates the core tables
     of its addressable devices. Arguments as :func:`dualemb.jax.create` (``optimizer`` must be
     a fused ``dualemb.jax.optimizers`` one; initial rows are a function of (seed, id), so they
     do not depend on the shard count), plus ``capacity_per_shard`` (see the module docstring;
-    None = the local batch size, which never overflows)."""
+    None = the local batch size, which never overflows). ``value_dtype`` as
+    :func:`dualemb.jax.create`: lookups return rows of it (they cross the all-to-all in it),
+    float16/bfloat16 shards train with float32 gradients."""
     axis = _check_mesh(mesh, axis)
+    value_dtype = _values.name_of(value_dtype)
+    _values.require_available(value_dtype)
+    if optimizer is not None:
+        _values.check_trainable(value_dtype, "sharded.create(optimizer=...)")
     if optimizer is not None and not isinstance(optimizer, _opts.Optimizer):
         raise TypeError("a sharded table needs a fused optimizer from dualemb.jax.optimizers "
                         f"(the generic Optax path is single-device), got {optimizer!r}")
@@ -182,12 +198,13 @@ def create(mesh: Mesh, dim: int, *, axis: str | None = None, capacity_per_shard:
 
     def shard(d: int) -> int:
         if d not in made:
-            made[d] = _create_one(dim, key_dtype=key_dtype, initializer=initializer,
-                                  optimizer=optimizer, **kwargs)
+            made[d] = _create_one(dim, key_dtype=key_dtype, value_dtype=value_dtype,
+                                  initializer=initializer, optimizer=optimizer, **kwargs)
         return made[d].id
 
     try:
-        t = _from_shards(mesh, axis, shard, dim, key_dtype, None, 0, capacity_per_shard)
+        t = _from_shards(mesh, axis, shard, dim, key_dtype, None, 0, capacity_per_shard,
+                         value_dtype)
     except BaseException:
         from dualemb.jax.table import destroy
         for m in made.values():
@@ -207,7 +224,8 @@ def destroy(table: ShardedTable) -> None:
 # ---- the per-device program ----------------------------------------------------------------
 
 def _local_table(table: ShardedTable, handle, version, step_code) -> Table:
-    return Table.tree_unflatten((table.dim, table.key_dtype, table.optimizer, None),
+    return Table.tree_unflatten((table.dim, table.key_dtype, table.optimizer, None,
+                                 table.value_dtype),
                                 (handle.reshape(4), version.reshape(()), step_code, None, ()))
 
 
@@ -265,7 +283,8 @@ def _local_lookup(table: ShardedTable, handle, version, step_code, keys, shape):
     route = _Route(flat, table.num_shards, _capacity(table, b), table.axis)
     received = route.exchange(route.send_keys)  # [n, capacity, ...]: ids this device owns
     owned = _flat(received, (table.num_shards, route.capacity))
-    rows, _ = _ffi.find(t.handle, t.dim, t.version, owned, (owned.shape[0],), with_exists=False)
+    rows, _ = _ffi.find(t.handle, t.dim, t.version, owned, (owned.shape[0],), with_exists=False,
+                        dtype=t.dtype)
     back = route.exchange(rows.reshape(table.num_shards, route.capacity, t.dim))
     return route.gather(back)[route.inverse].reshape(tuple(shape) + (t.dim,))
 
@@ -298,6 +317,7 @@ def _keys_of(table: ShardedTable, ids):
     if not isinstance(table, ShardedTable):
         raise TypeError(f"expected a dualemb.jax.sharded.ShardedTable, got "
                         f"{type(table).__name__}")
+    _values.require_available(table.value_dtype)
     keys, shape = key_operand(ids, table.key_dtype)
     shape = tuple(shape)
     n = table.num_shards
@@ -348,6 +368,7 @@ def apply_gradients(table: ShardedTable, ids, grads) -> ShardedTable:
     ``ids.shape + (dim,)``), each on its owning shard; returns the next table (``step + 1``).
     Gradients of repeated ids are summed (see the module docstring for the order)."""
     keys, shape = _keys_of(table, ids)
+    _values.check_trainable(table.value_dtype, "sharded.apply_gradients")
     if table.optimizer is None:
         raise ValueError(f"{table!r} has no optimizer: create it with optimizer=...")
     want = shape + (table.dim,)
@@ -375,7 +396,7 @@ def exchange_bytes(table: ShardedTable, local_batch: int) -> dict[str, int]:
     n, c = table.num_shards, _capacity(table, int(local_batch))
     key_bytes = 4 if table.key_dtype == "int32" else 8
     ids = n * c * key_bytes
-    rows = n * c * table.dim * 4
+    rows = n * c * table.dim * table.dtype.itemsize
     return {"lookup": ids + rows, "apply_gradients": ids + rows + n * 4}
 
 
@@ -433,8 +454,8 @@ def load(path, mesh: Mesh, *, name: str | None = None, axis: str | None = None,
     from dualemb.jax import _sharded_checkpoint
     axis = _check_mesh(mesh, axis)
 
-    def build(shard_id_of, dim, key_dtype, opt, step):
+    def build(shard_id_of, dim, key_dtype, opt, step, value_dtype="float32"):
         return _from_shards(mesh, axis, shard_id_of, dim, key_dtype, opt, step,
-                            capacity_per_shard)
+                            capacity_per_shard, value_dtype)
     return _sharded_checkpoint.load(path, mesh, axis, build, name=name, optimizer=optimizer,
                                     learning_rate=learning_rate)

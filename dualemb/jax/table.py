@@ -41,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from dualemb.core.table import Table as CoreTable
-from dualemb.jax import _chunks
+from dualemb.jax import _chunks, _values
 from dualemb.jax import optimizers as _opts
 from dualemb.jax._pytree import register_table
 
@@ -87,14 +87,15 @@ class Table:
     """
 
     __slots__ = ("handle", "dim", "key_dtype", "optimizer", "slot_tables", "version",
-                 "_step", "_opt_code", "_opt_dtypes", "_id")
+                 "_step", "_opt_code", "_opt_dtypes", "_id", "value_dtype")
 
     def __init__(self, id, dim: int, key_dtype: str, optimizer, version, step,
-                 opt_state=None, slot_tables: tuple = ()):
+                 opt_state=None, slot_tables: tuple = (), value_dtype: str = "float32"):
         self.handle = _as_handle(id)
         self._id = _int_id(id)
         self.dim = int(dim)
         self.key_dtype = key_dtype
+        self.value_dtype = _values.name_of(value_dtype)
         self.optimizer = optimizer
         self.slot_tables = tuple(_as_handle(t) for t in slot_tables)
         self.version = jnp.asarray(version, jnp.float32)
@@ -113,14 +114,14 @@ class Table:
 
     def tree_flatten(self):
         return ((self.handle, self.version, self._step, self._opt_code, self.slot_tables),
-                (self.dim, self.key_dtype, self.optimizer, self._opt_dtypes))
+                (self.dim, self.key_dtype, self.optimizer, self._opt_dtypes, self.value_dtype))
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         # Leaves may be tracers, cotangents or placeholders here: store them as they are.
         t = object.__new__(cls)
         t.handle, t.version, t._step, t._opt_code, t.slot_tables = children
-        t.dim, t.key_dtype, t.optimizer, t._opt_dtypes = aux
+        t.dim, t.key_dtype, t.optimizer, t._opt_dtypes, t.value_dtype = aux
         t._id = None
         return t
 
@@ -138,6 +139,11 @@ class Table:
                     "identity is a runtime operand; read it outside the transformation")
             self._id = _chunks.handle_to_id(self.handle)
         return self._id
+
+    @property
+    def dtype(self):
+        """The JAX dtype of the rows lookups return (the table's ``value_dtype``)."""
+        return _values.jnp_dtype(self.value_dtype)
 
     @property
     def step(self) -> jax.Array:
@@ -179,6 +185,8 @@ class Table:
                 t.slot_tables = tuple(_as_handle(h) for h in v)
             elif k == "version":
                 t.version = jnp.asarray(v, jnp.float32)
+            elif k == "value_dtype":
+                t.value_dtype = _values.name_of(v)
             elif k in ("dim", "key_dtype", "optimizer"):
                 setattr(t, k, v)
             else:
@@ -193,7 +201,8 @@ class Table:
 
     def __repr__(self) -> str:
         who = "traced" if _is_traced(self.handle) else self.id
-        return (f"Table(id={who}, dim={self.dim}, key_dtype={self.key_dtype}, "
+        dtype = "" if self.value_dtype == "float32" else f", value_dtype={self.value_dtype}"
+        return (f"Table(id={who}, dim={self.dim}, key_dtype={self.key_dtype}{dtype}, "
                 f"optimizer={self.optimizer!r})")
 
 
@@ -236,12 +245,12 @@ def check_step(step) -> int:
     return int(step)
 
 
-def require_float32(core: CoreTable) -> None:
-    """The FFI handlers pass float32 row buffers: a core table of another value dtype would be
-    misread, so it is refused (other value dtypes are not wired into dualemb.jax yet)."""
-    if core.value_dtype != np.float32:
-        raise TypeError(f"core table {core.id} stores {core.value_dtype} values; dualemb.jax "
-                        "tables hold float32 rows")
+def value_dtype_of(core: CoreTable) -> str:
+    """The core table's value dtype name, once it is known that JAX can hold such rows (float64
+    and int64 need jax_enable_x64: TypeError otherwise)."""
+    name = _values.name_of(core.value_dtype)
+    _values.require_available(name)
+    return name
 
 
 def _optimizer(optimizer):
@@ -262,14 +271,20 @@ def canonical(core: CoreTable, opt):
     return _opts.from_spec(core.optimizer, opt.learning_rate)
 
 
-def create(dim: int, *, key_dtype: str = "int64", initializer=None, optimizer=None,
-           capacity: int = 0, evict_policy: str = "recency", num_threads: int = 0,
+def create(dim: int, *, key_dtype: str = "int64", value_dtype="float32", initializer=None,
+           optimizer=None, capacity: int = 0, evict_policy: str = "recency", num_threads: int = 0,
            table_id: int = 0, name: str | None = None, backend=None) -> Table:
     """Creates a table in the core and returns its handle (version 0, step 0).
 
     Args:
       dim: row length.
       key_dtype: "int64" (default) or "int32".
+      value_dtype: the rows' dtype, a name or a dtype (``jnp.float16``): "float32" (default),
+        "float16", "bfloat16", "int8", "int32", and with ``jax_enable_x64`` "float64" and
+        "int64" (refused without it). Lookups return rows of this dtype and writes take it
+        (see :mod:`dualemb.jax._values` for conversions). Only float32, float16 and bfloat16
+        tables train (half precision with float32 arithmetic in the core, rounded back);
+        integer tables take "zeros", "constant" or "vector" initializers with exact values.
       initializer: what a missing key reads as and a new key starts from: a
         ``dualemb.jax.initializers`` spec, a number, or None (zeros). Initial rows are a pure
         function of (seed, key).
@@ -291,18 +306,22 @@ def create(dim: int, *, key_dtype: str = "int64", initializer=None, optimizer=No
     if key_dtype == "string":
         from dualemb.jax.ids import STRING_KEYS_MESSAGE
         raise TypeError(f"key_dtype='string': {STRING_KEYS_MESSAGE}")
+    vd = _values.name_of(value_dtype)
+    _values.require_available(vd)
     opt = _optimizer(optimizer)
+    if opt is not None:
+        _values.check_trainable(vd, "create(optimizer=...)")
     fused = opt if isinstance(opt, _opts.Optimizer) else None
     if backend not in (None, "memory") and opt is not None and fused is None:
         raise ValueError("the generic Optax path keeps optimizer state in memory tables, so it "
                          "cannot train a table with backend=" + repr(backend) + "; use a fused "
                          "optimizer (dualemb.jax.optimizers), whose slots live with the rows")
-    core = CoreTable(dim, key_dtype=key_dtype, initializer=initializer,
+    core = CoreTable(dim, key_dtype=key_dtype, value_dtype=vd, initializer=initializer,
                      optimizer=fused.spec if fused else None, capacity=capacity,
                      evict_policy=evict_policy, num_threads=num_threads, table_id=table_id,
                      name=name, backend=backend)
     table = Table(core.id, core.dim, core.key_dtype.name, canonical(core, fused), _scalar(0),
-                  _scalar(0))
+                  _scalar(0), value_dtype=vd)
     if opt is not None and fused is None:
         try:
             table = opt.bind(table, core)
@@ -326,8 +345,10 @@ def attach(table_id: int, *, optimizer=None, step: int = 0, learning_rate=None) 
     if core.key_dtype_name == "string":
         from dualemb.jax.ids import STRING_KEYS_MESSAGE
         raise TypeError(f"table {int(table_id)} has string keys: {STRING_KEYS_MESSAGE}")
-    require_float32(core)
+    vd = value_dtype_of(core)
     opt = _optimizer(optimizer)
+    if opt is not None:
+        _values.check_trainable(vd, "attach(optimizer=...)")
     if opt is None:
         spec = core.optimizer
         if spec is not None:
@@ -340,7 +361,7 @@ def attach(table_id: int, *, optimizer=None, step: int = 0, learning_rate=None) 
         core.set_optimizer(opt.spec)
     table = Table(core.id, core.dim, core.key_dtype.name,
                   canonical(core, opt) if isinstance(opt, _opts.Optimizer) else None,
-                  _scalar(0), _scalar(step))
+                  _scalar(0), _scalar(step), value_dtype=vd)
     if opt is not None and not isinstance(opt, _opts.Optimizer):
         table = opt.bind(table, core, step=step)
     return table

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from dualemb.jax import _ffi
+from dualemb.jax import _ffi, _values
 from dualemb.jax import optimizers as _opts
-from dualemb.jax.ops import _keys, _rows_arg
+from dualemb.jax.ops import _keys
 from dualemb.jax.table import Table
 
 
@@ -14,7 +14,9 @@ def apply_gradients(table: Table, ids, grads) -> Table:
     """One optimizer step on the rows of ``ids``; returns the next table (``step + 1``).
 
     ``grads`` are per-position gradients, shape ``ids.shape + (dim,)`` (what ``jax.grad`` gives
-    with respect to :func:`~dualemb.jax.lookup`'s rows). Gradients of duplicate ids are summed
+    with respect to :func:`~dualemb.jax.lookup`'s rows; any float dtype, widened to float32:
+    a float16 or bfloat16 table trains with float32 arithmetic and rounds the result back).
+    float64 and integer tables cannot be trained (TypeError). Gradients of duplicate ids are summed
     first; ids not in the table are inserted with their initializer row (and initial optimizer
     state) and then updated; rows not in the batch are untouched (sparse update, as a dense
     Optax update whose gradient is zero there would not be: lazy-Adam semantics).
@@ -23,12 +25,13 @@ def apply_gradients(table: Table, ids, grads) -> Table:
     step ``table.step + 1``, both passed as operands so that schedules work under ``jit``;
     other Optax transformations take the generic path (:mod:`dualemb.jax.generic`).
     """
+    _values.check_trainable(table.value_dtype, "apply_gradients")
     opt = table.optimizer
     if opt is None:
         raise ValueError(
             f"{table!r} has no optimizer: create it with optimizer=... (or attach one)")
     keys, shape = _keys(table, ids)
-    g = _rows_arg(table, grads, shape, "gradients")
+    g = _values.grads_operand(grads, tuple(shape) + (table.dim,))
     if isinstance(opt, _opts.Optimizer):
         lr = opt.learning_rate_at(table.step)
         if jnp.shape(lr) != ():
