@@ -128,7 +128,7 @@ def test_sparse_tensor_required(var):
 
 def test_bad_variable_arguments():
     with pytest.raises(TypeError, match="key_dtype"):
-        de.Variable(key_dtype=tf.string, name="bad_kd")
+        de.Variable(key_dtype=tf.float32, name="bad_kd")
     with pytest.raises(TypeError, match="value_dtype"):
         de.Variable(value_dtype=tf.complex64, name="bad_vd")  # int32 is supported now
     with pytest.raises(ValueError, match="dim"):

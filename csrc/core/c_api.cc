@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dualemb_core.h"
+#include "c_api_strings.h"
 #include "config.h"
 #include "memory_block.h"
 #include "registry.h"
@@ -45,7 +46,9 @@ void require_out(const void* p, const char* name) {
   if (p == nullptr) throw std::invalid_argument(std::string(name) + " pointer is null");
 }
 
-const char* dtype_name(int32_t d) { return d == DE_KEY_INT64 ? "int64" : d == DE_KEY_INT32 ? "int32" : "unknown"; }
+const char* dtype_name(int32_t d) {
+  return d == DE_KEY_INT64 ? "int64" : d == DE_KEY_INT32 ? "int32" : d == DE_KEY_STRING ? "string" : "unknown";
+}
 
 // Keys as int64, widened from int32 when the table's key dtype is int32.
 struct Keys {
@@ -180,6 +183,7 @@ void de_set_thread_scheduler(de_scheduler_fn fn, void* context, de_scheduler_fn*
 int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, void* values,
             uint8_t* exists) {
   return guarded("find", [&] {
+    if (key_dtype == DE_KEY_STRING) return dualemb::string_api::find(id, keys, n, values, exists);
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -191,6 +195,8 @@ int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, void* va
 int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n, void* values,
                       uint8_t* exists, int64_t* evicted) {
   return guarded("find_or_insert", [&] {
+    if (key_dtype == DE_KEY_STRING)
+      return set_evicted(evicted, dualemb::string_api::find_or_insert(id, keys, n, values, exists));
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -202,6 +208,8 @@ int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n
 int de_insert_or_assign(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
                         const void* values, int64_t* evicted) {
   return guarded("insert_or_assign", [&] {
+    if (key_dtype == DE_KEY_STRING)
+      return set_evicted(evicted, dualemb::string_api::insert_or_assign(id, keys, n, values));
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -213,6 +221,8 @@ int de_insert_or_assign(int64_t id, int32_t key_dtype, const void* keys, int64_t
 int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const void* deltas,
              const uint8_t* exists, int64_t* evicted) {
   return guarded("accum", [&] {
+    if (key_dtype == DE_KEY_STRING)
+      return set_evicted(evicted, dualemb::string_api::accum(id, keys, n, deltas, exists));
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -224,6 +234,7 @@ int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const v
 
 int de_erase(int64_t id, int32_t key_dtype, const void* keys, int64_t n) {
   return guarded("erase", [&] {
+    if (key_dtype == DE_KEY_STRING) return dualemb::string_api::erase(id, keys, n);
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -232,7 +243,10 @@ int de_erase(int64_t id, int32_t key_dtype, const void* keys, int64_t n) {
 }
 
 int de_clear(int64_t id) {
-  return guarded("clear", [&] { dualemb::get_table(id)->clear(); });
+  return guarded("clear", [&] {
+    if (dualemb::string_api::is_string_table(id)) return dualemb::string_api::clear(id);
+    dualemb::get_table(id)->clear();
+  });
 }
 
 int de_size(int64_t id, int64_t* out) {
@@ -250,6 +264,8 @@ int de_reserve(int64_t id, int64_t n) {
 int de_apply_gradients(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
                        const float* grads, float lr, int64_t step, int64_t* evicted) {
   return guarded("apply_gradients", [&] {
+    if (key_dtype == DE_KEY_STRING)
+      return set_evicted(evicted, dualemb::string_api::apply_gradients(id, keys, n, grads, lr, step));
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -262,6 +278,17 @@ int de_apply_gradients(int64_t id, int32_t key_dtype, const void* keys, int64_t 
 int de_restrict(int64_t id, int64_t num_reserved, int32_t policy, int32_t key_dtype,
                 const void* keys, const float* scores, int64_t n, int64_t* removed) {
   return guarded("restrict", [&] {
+    if (dualemb::string_api::is_string_table(id) &&
+        (policy != DE_RESTRICT_CUSTOM || key_dtype == DE_KEY_STRING)) {
+      if (num_reserved < 0) throw std::invalid_argument("num_reserved must be >= 0");
+      if (policy < DE_RESTRICT_RECENCY || policy > DE_RESTRICT_CUSTOM)
+        throw std::invalid_argument("unknown restrict policy " + std::to_string(policy));
+      int64_t r = dualemb::string_api::restrict_rows(id, num_reserved, policy, keys, scores, n);
+      if (removed) *removed = r;
+      return;
+    }
+    if (key_dtype == DE_KEY_STRING && policy == DE_RESTRICT_CUSTOM)
+      dualemb::string_api::find(id, nullptr, 0, nullptr, nullptr);  // throws: not a string table
     auto t = dualemb::get_table(id);
     if (num_reserved < 0) throw std::invalid_argument("num_reserved must be >= 0");
     if (policy < DE_RESTRICT_RECENCY || policy > DE_RESTRICT_CUSTOM)
@@ -281,6 +308,13 @@ int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void
               void* values, void* slots, int32_t num_slots, int64_t* last_update,
               int64_t* update_count, int64_t* out_n) {
   return guarded("export", [&] {
+    if (key_dtype == DE_KEY_STRING && keys) {
+      int64_t n = dualemb::string_api::export_rows(id, offset, limit,
+                                                   static_cast<de_string_keys_out*>(keys), values,
+                                                   slots, num_slots, last_update, update_count);
+      if (out_n) *out_n = n;
+      return;
+    }
     auto t = dualemb::get_table(id);
     if (offset < 0 || limit < 0) throw std::invalid_argument("offset and limit must be >= 0");
     if (keys && key_dtype != t->key_dtype())
@@ -311,6 +345,8 @@ int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const 
               const void* slots, int32_t num_slots, const int64_t* last_update,
               const int64_t* update_count, int64_t* evicted) {
   return guarded("import", [&] {
+    if (key_dtype == DE_KEY_STRING)
+      return set_evicted(evicted, dualemb::string_api::import_rows(id, keys, n, values, slots, num_slots, last_update, update_count));
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
@@ -344,12 +380,28 @@ int de_memory_bytes(int64_t id, int64_t* out) {
 int de_initial_values(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
                       void* values) {
   return guarded("initial values", [&] {
+    if (key_dtype == DE_KEY_STRING) return dualemb::string_api::initial_values(id, keys, n, values);
     auto t = dualemb::get_table(id);
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
     require(values, n, "values");
     t->initial_values(k.data, n, values);
   });
+}
+
+// ---- string keys (c_api_strings.cc) ----------------------------------------------------------
+
+int64_t de_string_fingerprint(const char* bytes, int64_t len) {
+  return dualemb::string_fingerprint(bytes, len > 0 && bytes ? static_cast<size_t>(len) : 0);
+}
+
+int de_string_keys_stats(int64_t id, int64_t* entries, int64_t* key_bytes) {
+  return guarded("string keys stats",
+                 [&] { dualemb::string_api::stats(id, entries, key_bytes); });
+}
+
+int de_testing_string_id_bits(int32_t bits) {
+  return guarded("testing string id bits", [&] { dualemb::set_testing_string_id_bits(bits); });
 }
 
 }  // extern "C"

@@ -8,8 +8,8 @@
 //  * Every function returns 0 on success and -1 on error; de_last_error() then returns a
 //    thread-local message that names the problem. A failed call leaves the table unchanged.
 //  * Tables are named by a 63-bit id. de_table_create(0, ...) draws a fresh random id.
-//  * Keys are passed as `const void* keys` with `key_dtype` (DE_KEY_INT64 / DE_KEY_INT32); it
-//    must equal the table's key dtype.
+//  * Keys are passed as `const void* keys` with `key_dtype` (DE_KEY_INT64 / DE_KEY_INT32 /
+//    DE_KEY_STRING); it must equal the table's key dtype. String keys: see "String keys" below.
 //  * Values (rows, accum deltas, initial values) are passed as `void*` in the table's value
 //    dtype (DE_VALUE_*, de_value_dtype), row-major [n, dim], aligned to the element size.
 //    Gradients and restrict scores are always float32.
@@ -32,7 +32,41 @@ extern "C" {
 
 #define DE_API __attribute__((visibility("default")))
 
-enum { DE_KEY_INT64 = 0, DE_KEY_INT32 = 1 };
+enum { DE_KEY_INT64 = 0, DE_KEY_INT32 = 1, DE_KEY_STRING = 2 };
+
+// String keys (a table created with "key_dtype": "string").
+// Every batched function that takes `const void* keys` takes, with key_dtype DE_KEY_STRING, a
+// pointer to one de_string_keys: key i is the byte string bytes[offsets[i], offsets[i+1]) (any
+// bytes, NUL included; no encoding is assumed). offsets has n + 1 non-decreasing entries,
+// offsets[0] >= 0. Keys are compared by their bytes: two different strings are never one key.
+// Inside the core each string maps to an internal int64 id (its fingerprint, see below, or the
+// next free id when a different string holds that one); the translation and the table operation
+// run in one call under the table's string lock, so no caller sees half of either.
+//  * de_find never adds a string: an unknown string reads as its initializer row, exists = 0.
+//  * A new string's initial row is the initializer's row for the int64 key
+//    de_string_fingerprint(string) (never the probe-dependent id), so the same string starts from
+//    the same row in every table and process, whatever the insertion order.
+//  * The mapping of a string whose row is gone (erase, clear, restrict, capacity eviction) is
+//    dropped: erase/clear/restrict drop it at once; evicted ones are dropped when the mapping
+//    holds more than 2 * size + 1024 strings (amortised, inside a write). de_string_keys_stats
+//    reports the mapping's size.
+// de_export with key_dtype DE_KEY_STRING and non-NULL keys takes a de_string_keys_out: the keys
+// of the rows written go to bytes/offsets as above (offsets has room for limit + 1 entries). A
+// page ends early, before the first key whose bytes would not fit `capacity`; *out_n says how
+// many rows were written (values etc. past *out_n are unspecified), and `needed` receives the
+// byte length of that first key that did not fit (0 when none stopped the page), so a caller
+// that got out_n == 0 with needed > 0 retries with capacity >= needed.
+typedef struct {
+  const char* bytes;
+  const int64_t* offsets;  // n + 1 entries
+} de_string_keys;
+typedef struct {
+  char* bytes;
+  int64_t capacity;  // bytes available at `bytes`
+  int64_t* offsets;  // limit + 1 entries; offsets[0] = 0
+  int64_t needed;    // out: see above
+} de_string_keys_out;
+
 // Value dtypes (the config's "value_dtype" names; dualemb/core/table.py mirrors these codes).
 // float16 is IEEE binary16, bfloat16 the top half of a float32. Training (optimizers) needs
 // float32, float16 or bfloat16; the others serve every other operation.
@@ -173,6 +207,18 @@ DE_API int de_memory_bytes(int64_t id, int64_t* out);
 // seed and key).
 DE_API int de_initial_values(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
                              void* values);
+
+// String keys (see "String keys" above).
+// The 64-bit fingerprint of a byte string, masked to a non-negative int64: FNV-1a (64-bit)
+// of the bytes, then the splitmix64 finalizer (random.h: mix64), & INT64_MAX. Never an error.
+DE_API int64_t de_string_fingerprint(const char* bytes, int64_t len);
+// Strings held by a string table's mapping, and their total bytes (of the key bytes alone).
+DE_API int de_string_keys_stats(int64_t id, int64_t* entries, int64_t* key_bytes);
+// Testing only: string tables created after this call take their ids from the low `bits` bits
+// of the fingerprint (1..63; 63, the default, restores normal ids), which forces different
+// strings onto one id so tests can prove that they stay distinct. Initial rows still follow the
+// full fingerprint.
+DE_API int de_testing_string_id_bits(int32_t bits);
 
 #ifdef __cplusplus
 }

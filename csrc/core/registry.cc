@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <unordered_map>
 
+#include "dualemb_core.h"
 #include "random.h"
 #include "storage/factory.h"
 #include "value_dtype.h"
@@ -15,6 +16,7 @@ namespace {
 struct Entry {
   std::shared_ptr<Storage> table;
   int64_t owners = 1;
+  std::shared_ptr<StringKeys> strings;  // string-keyed tables only
 };
 
 struct Registry {
@@ -56,7 +58,10 @@ int64_t create_table(int64_t id, const std::string& config) {
                                   value_dtype_name(t.value_dtype()) + " and another config");
     return id;
   }
-  r.tables.emplace(id, Entry{std::move(table), 1});
+  std::shared_ptr<StringKeys> strings;
+  if (table->key_dtype() == DE_KEY_STRING)
+    strings = std::make_shared<StringKeys>(testing_string_id_bits());
+  r.tables.emplace(id, Entry{std::move(table), 1, std::move(strings)});
   return id;
 }
 
@@ -71,6 +76,14 @@ std::shared_ptr<Storage> get_table(int64_t id) {
   auto it = r.tables.find(id);
   if (it == r.tables.end()) throw_unknown(id);
   return it->second.table;
+}
+
+TableRef get_table_ref(int64_t id) {
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto it = r.tables.find(id);
+  if (it == r.tables.end()) throw_unknown(id);
+  return {it->second.table, it->second.strings};
 }
 
 void retain_table(int64_t id) {

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "storage/storage.h"
+#include "string_keys.h"
 
 namespace dualemb {
 
@@ -26,6 +27,14 @@ int64_t create_table(int64_t id, const std::string& config);
 // Throws std::out_of_range naming the id if no such table exists.
 std::shared_ptr<Storage> get_table(int64_t id);
 bool table_exists(int64_t id);
+// A string-keyed table ("key_dtype": "string") is held with its StringKeys map, created with it.
+// Both parts of one entry, read together (throws std::out_of_range like get_table); `keys` is
+// null for a table with integer keys.
+struct TableRef {
+  std::shared_ptr<Storage> storage;
+  std::shared_ptr<StringKeys> keys;
+};
+TableRef get_table_ref(int64_t id);
 // Adds an owner; throws std::out_of_range if no such table exists.
 void retain_table(int64_t id);
 // Drops an owner, erasing the table when none is left. Returns false if no such table exists.

@@ -10,8 +10,14 @@
 #include <vector>
 
 #include "dualemb_core.h"
+#include "string_keys.h"
+#include "value_buffers.h"
 
 namespace py = pybind11;
+
+using dualemb_py::value_buffer;
+using dualemb_py::value_dtype_name;
+using dualemb_py::value_input;
 
 namespace {
 
@@ -42,25 +48,22 @@ struct KeyView {
   const void* ptr;
   int64_t n;
   int32_t dtype;
+  std::shared_ptr<const de_string_keys> strings = nullptr;  // owns what ptr points at
 };
 
 KeyView key_view(const py::array& keys) {
   if (!(keys.flags() & py::array::c_style))
     throw py::value_error("keys must be C-contiguous");
   py::dtype dt = keys.dtype();
+  if (dt.kind() == 'O') {  // string keys: an object array of bytes
+    auto packed = dualemb_py::pack_string_keys(keys);
+    return {packed.get(), static_cast<int64_t>(keys.size()), DE_KEY_STRING, packed};
+  }
   int32_t code;
   if (dt.is(py::dtype::of<int64_t>())) code = DE_KEY_INT64;
   else if (dt.is(py::dtype::of<int32_t>())) code = DE_KEY_INT32;
   else throw py::value_error("keys must be int64 or int32, got " + std::string(py::str(dt)));
   return {keys.data(), static_cast<int64_t>(keys.size()), code};
-}
-
-// numpy's names of the DE_VALUE_* dtypes (bfloat16 is ml_dtypes.bfloat16), by code.
-const char* const kValueDtypeNames[] = {"float32", "float16", "bfloat16", "float64",
-                                        "int8",    "int32",   "int64"};
-
-std::string value_dtype_name(int32_t code) {
-  return code >= 0 && code < 7 ? kValueDtypeNames[code] : "unknown";
 }
 
 // What the value buffers of a call must be: dim elements per row of the table's value dtype.
@@ -75,32 +78,6 @@ RowFormat row_format(int64_t id) {
   check(de_table_dims(id, &f.dim, &kd, &ns));
   check(de_value_dtype(id, &f.value_dtype));
   return f;
-}
-
-// A buffer of the table's value dtype (compared by numpy's dtype name, which also tells
-// ml_dtypes' bfloat16 from float16), C-contiguous, with `expected` elements.
-void check_values(const py::array& a, int64_t expected, int32_t value_dtype, const char* name,
-                  bool writable) {
-  const std::string want = value_dtype_name(value_dtype);
-  const std::string got = py::str(a.dtype());
-  if (got != want || !(a.flags() & py::array::c_style) || (writable && !a.writeable()))
-    throw py::value_error(std::string(name) + " must be a " + (writable ? "writable " : "") +
-                          "C-contiguous " + want + " array (the table's value dtype), got " +
-                          got);
-  if (a.size() != expected)
-    throw py::value_error(std::string(name) + " has " + std::to_string(a.size()) +
-                          " elements, expected " + std::to_string(expected));
-}
-
-void* value_buffer(py::array& a, int64_t expected, int32_t value_dtype, const char* name) {
-  check_values(a, expected, value_dtype, name, true);
-  return a.mutable_data();
-}
-
-const void* value_input(const py::array& a, int64_t expected, int32_t value_dtype,
-                        const char* name) {
-  check_values(a, expected, value_dtype, name, false);
-  return a.data();
 }
 
 const float* float_input(const py::array& a, int64_t expected, const char* name) {
@@ -159,6 +136,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "Low-level bindings of libdualemb_core (use dualemb.core.Table instead).";
 
   m.def("version", [] { return std::string(de_version()); });
+  dualemb_py::bind_string_keys(m);
   m.def("create", [](int64_t id, const std::string& config) {
     int64_t out;
     check(de_table_create(id, config.c_str(), &out));

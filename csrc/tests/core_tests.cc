@@ -410,6 +410,8 @@ static void test_value_dtypes() {
   OK(de_table_destroy(id));
 }
 
+int run_string_key_tests();  // string_keys_tests.cc
+
 int main() {
   test_json_specs_round_trip();
   test_ownership();
@@ -420,6 +422,7 @@ int main() {
   test_failures_leave_the_table_unchanged();
   test_memory_is_given_back();
   test_value_dtypes();
+  g_failures += run_string_key_tests();
   if (g_failures) {
     std::fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;

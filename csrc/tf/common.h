@@ -15,6 +15,7 @@
 #include <functional>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "dualemb_core.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -43,10 +44,44 @@ inline absl::Status CoreStatus(int rc, const char* op) {
 inline int32_t CoreKeyDtype(DataType dt) {
   if (dt == ::tensorflow::DT_INT64) return DE_KEY_INT64;
   if (dt == ::tensorflow::DT_INT32) return DE_KEY_INT32;
+  if (dt == ::tensorflow::DT_STRING) return DE_KEY_STRING;
   return -1;
 }
 
-inline const char* KeyDtypeName(int32_t kd) { return kd == DE_KEY_INT64 ? "int64" : "int32"; }
+inline const char* KeyDtypeName(int32_t kd) {
+  return kd == DE_KEY_INT64 ? "int64" : kd == DE_KEY_INT32 ? "int32" : "string";
+}
+
+// A keys tensor as the core's `const void* keys`: the tensor's data for integer keys; for
+// DT_STRING a de_string_keys over a packed copy of its tstrings (dualemb_core.h, "String keys").
+// Points into itself: use it in place, never copy it.
+class CoreKeys {
+ public:
+  explicit CoreKeys(const Tensor& keys) {
+    if (keys.dtype() != ::tensorflow::DT_STRING) {
+      ptr_ = keys.data();
+      return;
+    }
+    auto flat = keys.flat<::tensorflow::tstring>();
+    offsets_.reserve(flat.size() + 1);
+    offsets_.push_back(0);
+    for (int64_t i = 0; i < flat.size(); ++i) {
+      bytes_.append(flat(i).data(), flat(i).size());
+      offsets_.push_back(static_cast<int64_t>(bytes_.size()));
+    }
+    view_ = {bytes_.data(), offsets_.data()};
+    ptr_ = &view_;
+  }
+  CoreKeys(const CoreKeys&) = delete;
+  CoreKeys& operator=(const CoreKeys&) = delete;
+  const void* ptr() const { return ptr_; }
+
+ private:
+  const void* ptr_ = nullptr;
+  std::string bytes_;
+  std::vector<int64_t> offsets_;
+  de_string_keys view_{};
+};
 
 // The core's value dtype code (DE_VALUE_*) for a TF dtype; -1 for a dtype no table stores.
 inline int32_t CoreValueDtype(DataType dt) {

@@ -2,6 +2,8 @@
 // Used by checkpointing (dualemb/tf/saving.py) and Variable.export().
 #include <algorithm>
 
+#include <vector>
+
 #include "common.h"
 
 namespace dualemb_tf {
@@ -48,7 +50,22 @@ class ExportOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({rows}), &last));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({rows}), &count));
     int64_t got = 0;
-    if (rows > 0) {
+    if (rows > 0 && d.key_dtype == DE_KEY_STRING) {
+      // String keys come as bytes + offsets; the byte buffer grows until the page fits whole.
+      std::vector<char> bytes(static_cast<size_t>(std::max<int64_t>(4096, 32 * rows)));
+      std::vector<int64_t> offs(static_cast<size_t>(rows) + 1);
+      for (;;) {
+        de_string_keys_out out{bytes.data(), static_cast<int64_t>(bytes.size()), offs.data(), 0};
+        DE_CORE_CALL(ctx, de_export(id, offset, rows, d.key_dtype, &out,
+                                    values.data(), d.num_slots ? slots.data() : nullptr,
+                                    d.num_slots, last.flat<int64_t>().data(),
+                                    count.flat<int64_t>().data(), &got));
+        if (out.needed == 0) break;
+        bytes.resize(bytes.size() * 2 + static_cast<size_t>(out.needed));
+      }
+      auto k = keys.flat<::tensorflow::tstring>();
+      for (int64_t i = 0; i < got; ++i) k(i).assign(bytes.data() + offs[i], offs[i + 1] - offs[i]);
+    } else if (rows > 0) {
       DE_CORE_CALL(ctx, de_export(id, offset, rows, d.key_dtype, keys.data(),
                                   values.data(), d.num_slots ? slots.data() : nullptr,
                                   d.num_slots, last.flat<int64_t>().data(), count.flat<int64_t>().data(), &got));
@@ -120,7 +137,7 @@ class ImportOp : public OpKernel {
     if (clear_) DE_CORE_CALL(ctx, de_clear(id));
     int64_t evicted = 0;
     if (n > 0) {
-      DE_CORE_CALL(ctx, de_import(id, d.key_dtype, keys.data(), n, values.data(),
+      DE_CORE_CALL(ctx, de_import(id, d.key_dtype, CoreKeys(keys).ptr(), n, values.data(),
                                   slot_ptr, d.num_slots, last_ptr, count_ptr, &evicted));
     }
     OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));
@@ -134,9 +151,13 @@ REGISTER_KERNEL_BUILDER(Name("DualembExport").Device(DEVICE_CPU).TypeConstraint<
                         ExportOp);
 REGISTER_KERNEL_BUILDER(Name("DualembExport").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
                         ExportOp);
+REGISTER_KERNEL_BUILDER(Name("DualembExport").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
+                        ExportOp);
 REGISTER_KERNEL_BUILDER(Name("DualembImport").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
                         ImportOp);
 REGISTER_KERNEL_BUILDER(Name("DualembImport").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
+                        ImportOp);
+REGISTER_KERNEL_BUILDER(Name("DualembImport").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
                         ImportOp);
 
 }  // namespace

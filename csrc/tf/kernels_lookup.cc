@@ -39,9 +39,9 @@ class FindOp : public OpKernel {
       void* out = values->data();
       auto* ex = reinterpret_cast<uint8_t*>(exists->flat<bool>().data());
       if (insert_) {
-        DE_CORE_CALL(ctx, de_find_or_insert(id, d.key_dtype, keys.data(), n, out, ex, &evicted));
+        DE_CORE_CALL(ctx, de_find_or_insert(id, d.key_dtype, CoreKeys(keys).ptr(), n, out, ex, &evicted));
       } else {
-        DE_CORE_CALL(ctx, de_find(id, d.key_dtype, keys.data(), n, out, ex));
+        DE_CORE_CALL(ctx, de_find(id, d.key_dtype, CoreKeys(keys).ptr(), n, out, ex));
       }
     }
     OP_REQUIRES_OK(ctx, OutputScalar(ctx, 2, evicted));
@@ -68,7 +68,7 @@ class InsertOrAssignOp : public OpKernel {
     ScopedRunnerHelpers helpers(ctx);
     int64_t evicted = 0;
     if (keys.NumElements() > 0) {
-      DE_CORE_CALL(ctx, de_insert_or_assign(id, d.key_dtype, keys.data(), keys.NumElements(),
+      DE_CORE_CALL(ctx, de_insert_or_assign(id, d.key_dtype, CoreKeys(keys).ptr(), keys.NumElements(),
                                             values.data(), &evicted));
     }
     OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));
@@ -95,7 +95,7 @@ class AccumOp : public OpKernel {
     ScopedRunnerHelpers helpers(ctx);
     int64_t evicted = 0;
     if (keys.NumElements() > 0) {
-      DE_CORE_CALL(ctx, de_accum(id, d.key_dtype, keys.data(), keys.NumElements(),
+      DE_CORE_CALL(ctx, de_accum(id, d.key_dtype, CoreKeys(keys).ptr(), keys.NumElements(),
                                  deltas.data(),
                                  reinterpret_cast<const uint8_t*>(exists.flat<bool>().data()),
                                  &evicted));
@@ -116,7 +116,7 @@ class EraseOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
     ScopedRunnerHelpers helpers(ctx);
     if (keys.NumElements() > 0) {
-      DE_CORE_CALL(ctx, de_erase(id, d.key_dtype, keys.data(), keys.NumElements()));
+      DE_CORE_CALL(ctx, de_erase(id, d.key_dtype, CoreKeys(keys).ptr(), keys.NumElements()));
     }
   }
 };
@@ -133,9 +133,14 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_KERNEL_BUILDER(
     Name("DualembRowsWithKeyGradient").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
     RowsWithKeyGradientOp);
+REGISTER_KERNEL_BUILDER(
+    Name("DualembRowsWithKeyGradient").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
+    RowsWithKeyGradientOp);
 REGISTER_KERNEL_BUILDER(Name("DualembFind").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
                         FindOp);
 REGISTER_KERNEL_BUILDER(Name("DualembFind").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
+                        FindOp);
+REGISTER_KERNEL_BUILDER(Name("DualembFind").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
                         FindOp);
 REGISTER_KERNEL_BUILDER(
     Name("DualembInsertOrAssign").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
@@ -143,13 +148,20 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_KERNEL_BUILDER(
     Name("DualembInsertOrAssign").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
     InsertOrAssignOp);
+REGISTER_KERNEL_BUILDER(
+    Name("DualembInsertOrAssign").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
+    InsertOrAssignOp);
 REGISTER_KERNEL_BUILDER(Name("DualembAccum").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
                         AccumOp);
 REGISTER_KERNEL_BUILDER(Name("DualembAccum").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
                         AccumOp);
+REGISTER_KERNEL_BUILDER(Name("DualembAccum").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
+                        AccumOp);
 REGISTER_KERNEL_BUILDER(Name("DualembErase").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
                         EraseOp);
 REGISTER_KERNEL_BUILDER(Name("DualembErase").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
+                        EraseOp);
+REGISTER_KERNEL_BUILDER(Name("DualembErase").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
                         EraseOp);
 
 }  // namespace

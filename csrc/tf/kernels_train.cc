@@ -26,7 +26,7 @@ class ApplyGradientsOp : public OpKernel {
     ScopedRunnerHelpers helpers(ctx);
     int64_t evicted = 0;
     if (keys.NumElements() > 0) {
-      DE_CORE_CALL(ctx, de_apply_gradients(id, d.key_dtype, keys.data(), keys.NumElements(),
+      DE_CORE_CALL(ctx, de_apply_gradients(id, d.key_dtype, CoreKeys(keys).ptr(), keys.NumElements(),
                                            grads.flat<float>().data(), lr.scalar<float>()(), step,
                                            &evicted));
     }
@@ -58,8 +58,9 @@ class RestrictOp : public OpKernel {
     ScopedRunnerHelpers helpers(ctx);
     int64_t removed = 0;
     const bool custom = policy_ == DE_RESTRICT_CUSTOM;
+    CoreKeys core_keys(keys);
     DE_CORE_CALL(ctx, de_restrict(id, num_reserved, policy_, d.key_dtype,
-                                  custom ? keys.data() : nullptr,
+                                  custom ? core_keys.ptr() : nullptr,
                                   custom ? scores.flat<float>().data() : nullptr,
                                   custom ? keys.NumElements() : 0, &removed));
     OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, removed));
@@ -75,9 +76,14 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_KERNEL_BUILDER(
     Name("DualembApplyGradients").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
     ApplyGradientsOp);
+REGISTER_KERNEL_BUILDER(
+    Name("DualembApplyGradients").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
+    ApplyGradientsOp);
 REGISTER_KERNEL_BUILDER(Name("DualembRestrict").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
                         RestrictOp);
 REGISTER_KERNEL_BUILDER(Name("DualembRestrict").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
+                        RestrictOp);
+REGISTER_KERNEL_BUILDER(Name("DualembRestrict").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
                         RestrictOp);
 
 }  // namespace

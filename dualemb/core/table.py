@@ -42,6 +42,7 @@ from typing import Iterator
 import numpy as np
 
 from dualemb._native import load_extension
+from dualemb.core import _string_keys
 from dualemb.core import initializers as _inits
 from dualemb.core import optimizers as _opts
 from dualemb.core import value_dtypes as _vd
@@ -49,7 +50,10 @@ from dualemb.core.spec import parse_description, to_spec
 
 _core = load_extension("_core")
 
-KEY_DTYPES = {"int64": np.dtype(np.int64), "int32": np.dtype(np.int32)}
+# String keys are held as an object array of bytes (dualemb/core/_string_keys.py).
+KEY_DTYPES = {"int64": np.dtype(np.int64), "int32": np.dtype(np.int32),
+              "string": np.dtype(object)}
+_KEY_DTYPE_CODES = {0: "int64", 1: "int32", 2: "string"}  # dualemb_core.h DE_KEY_*
 _POLICIES = {"recency": 0, "frequency": 1}
 
 
@@ -61,11 +65,11 @@ def _count(x, name: str) -> int:
     return int(x)
 
 
-def _key_dtype(key_dtype) -> np.dtype:
+def _key_dtype_name(key_dtype) -> str:
     name = np.dtype(key_dtype).name if not isinstance(key_dtype, str) else key_dtype
     if name not in KEY_DTYPES:
-        raise TypeError(f"unsupported key dtype {name!r} (supported: int64, int32)")
-    return KEY_DTYPES[name]
+        raise TypeError(f"unsupported key dtype {name!r} (supported: int64, int32, string)")
+    return name
 
 
 def _backend_members(backend) -> dict:
@@ -100,7 +104,9 @@ class Table:
 
     Args:
       dim: length of each row (>= 1).
-      key_dtype: "int64" (default) or "int32".
+      key_dtype: "int64" (default), "int32" or "string" (keys are byte strings compared by
+        their bytes; str keys are UTF-8 encoded; export returns an object array of bytes; see
+        dualemb/core/_string_keys.py).
       value_dtype: "float32" (default), "float16", "bfloat16", "float64", "int8", "int32" or
         "int64" (or the numpy / ml_dtypes type): the dtype rows and slots are stored and
         returned in (see the module doc).
@@ -126,10 +132,10 @@ class Table:
                  backend=None):
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim <= 0:
             raise ValueError(f"dim must be a positive integer, got {dim!r}")
-        kd = _key_dtype(key_dtype)
+        kd = _key_dtype_name(key_dtype)
         vd = _vd.name_of(value_dtype)
         init = _initializer_members(initializer, vd)
-        config = {"dim": int(dim), "key_dtype": kd.name, "value_dtype": vd, **init}
+        config = {"dim": int(dim), "key_dtype": kd, "value_dtype": vd, **init}
         if capacity:
             config.update(capacity=int(capacity), evict_policy=evict_policy)
         if num_threads:
@@ -164,7 +170,8 @@ class Table:
         # Only the immutable facts are cached: another handle may change the optimizer.
         dim, kd, _ = _core.dims(self._id)
         self._dim = int(dim)
-        self._key_dtype = np.dtype(np.int64) if kd == 0 else np.dtype(np.int32)
+        self._key_dtype_name = _KEY_DTYPE_CODES[int(kd)]
+        self._key_dtype = KEY_DTYPES[self._key_dtype_name]
         self._value_dtype_name = _vd.CODES[_core.value_dtype(self._id)]
         self._value_dtype = _vd.NUMPY[self._value_dtype_name]
         self._evicted = threading.local()
@@ -189,7 +196,19 @@ class Table:
 
     @property
     def key_dtype(self) -> np.dtype:
+        """int64, int32, or object for a string table (see key_dtype_name)."""
         return self._key_dtype
+
+    @property
+    def key_dtype_name(self) -> str:
+        """"int64", "int32" or "string" (the name the config and checkpoints use)."""
+        return self._key_dtype_name
+
+    def string_keys_stats(self) -> tuple[int, int]:
+        """A string table's key map: (strings held, their total bytes). Strings whose rows
+        were evicted by the capacity are dropped in amortised passes, so this stays within
+        about 2 * size() + 1024 strings."""
+        return tuple(_core.string_keys_stats(self._id))
 
     @property
     def value_dtype(self) -> np.dtype:
@@ -230,12 +249,15 @@ class Table:
 
     # ---- argument checks ---------------------------------------------------------------------
     def _keys(self, keys) -> np.ndarray:
+        if self._key_dtype_name == _string_keys.STRING:
+            return _string_keys.as_string_keys(keys)
         if isinstance(keys, (list, tuple)) and np.size(keys) == 0:
             # [] is an empty batch (numpy alone would make it float64).
             keys = np.asarray(keys, self._key_dtype)
         arr = np.asarray(keys)
         if arr.dtype.kind not in "iu":
-            raise TypeError(f"keys must be integers, got dtype {arr.dtype}")
+            raise TypeError(f"keys must be integers, got dtype {arr.dtype} (this table has "
+                            f"{self._key_dtype_name} keys)")
         if arr.dtype != self._key_dtype:
             if arr.size and self._key_dtype == np.int32 and (
                     arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
@@ -360,6 +382,8 @@ class Table:
         if limit is None:
             limit = max(0, self.size() - offset)
         limit = _count(limit, "limit")
+        if self._key_dtype_name == _string_keys.STRING:
+            return self._export_strings(offset, limit)
         keys = np.empty(limit, self._key_dtype)
         values = np.empty((limit, self._dim), self._value_dtype)
         last = np.empty(limit, np.int64)
@@ -376,6 +400,44 @@ class Table:
                     raise
         return {"keys": keys[:n], "values": values[:n], "slots": slots[:n],
                 "last_update": last[:n], "update_count": count[:n]}
+
+    def _export_strings(self, offset: int, limit: int) -> dict:
+        # As export, with the keys as an object array of bytes (one call: rows and keys are read
+        # together under the table's string lock).
+        values = np.empty((limit, self._dim), self._value_dtype)
+        last = np.empty(limit, np.int64)
+        count = np.empty(limit, np.int64)
+        for attempt in range(3):
+            ns = self.num_slots
+            slots = np.empty((limit, ns, self._dim), self._value_dtype)
+            try:
+                n, keys = _core.export_page_strings(self._id, offset, limit, values, slots, ns,
+                                                    last, count)
+                break
+            except ValueError as e:
+                if "slots buffer sized for" not in str(e) or attempt == 2:
+                    raise
+        key_array = np.empty(n, object)
+        key_array[:] = keys
+        return {"keys": key_array, "values": values[:n], "slots": slots[:n],
+                "last_update": last[:n], "update_count": count[:n]}
+
+    def export_keys(self, offset: int = 0, limit: int | None = None) -> np.ndarray:
+        """The keys of rows [offset, offset+limit) alone (table order, as in export). For a
+        string table an object array of bytes."""
+        offset = _count(offset, "offset")
+        if limit is None:
+            limit = max(0, self.size() - offset)
+        limit = _count(limit, "limit")
+        if self._key_dtype_name == _string_keys.STRING:
+            _, keys = _core.export_page_strings(self._id, offset, limit, None, None, 0, None, None)
+            out = np.empty(len(keys), object)
+            out[:] = keys
+            return out
+        keys = np.empty(limit, self._key_dtype)
+        n = _core.export_page(self._id, offset, keys,
+                              np.empty((limit, self._dim), self._value_dtype), None, None, None)
+        return keys[:n]
 
     def export_pages(self, page_size: int = 1 << 16) -> Iterator[dict]:
         """Export in pages of at most page_size (>= 1) rows, so a large table is never copied
@@ -451,5 +513,5 @@ class Table:
         _core.destroy(self._id)
 
     def __repr__(self) -> str:
-        return (f"Table(id={self._id}, dim={self._dim}, key_dtype={self._key_dtype.name}, "
+        return (f"Table(id={self._id}, dim={self._dim}, key_dtype={self._key_dtype_name}, "
                 f"value_dtype={self._value_dtype_name}, size={self.size()})")

@@ -29,7 +29,7 @@ run the same calls as host callbacks (:func:`uses_host_callback`, docs/jax.md).
 from dualemb.jax import _ffi  # noqa: F401  (registers the FFI targets)
 from dualemb.jax._ffi import uses_host_callback
 from dualemb.jax import initializers, optimizers
-from dualemb.jax.ids import Ids, ids
+from dualemb.jax.ids import Ids, ids, string_ids
 from dualemb.jax.ops import (accum, after, erase, export, find, find_or_insert, insert, lookup,
                              size)
 from dualemb.jax.table import Table, attach, block, create, destroy, evicted_total
@@ -37,7 +37,7 @@ from dualemb.jax.train import apply_gradients
 
 __all__ = [
     "Table", "create", "attach", "destroy", "block", "evicted_total",
-    "Ids", "ids",
+    "Ids", "ids", "string_ids",
     "lookup", "find", "size", "export",
     "find_or_insert", "insert", "accum", "erase", "after",
     "apply_gradients", "uses_host_callback",

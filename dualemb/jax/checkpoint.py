@@ -176,6 +176,10 @@ def _plan(path, manifest: dict, name: str, into, optimizer, learning_rate) -> di
     if optimizer is None and into is not None:
         optimizer = into.optimizer
     entry = entries[name]
+    if entry.get("key_dtype") == "string":
+        from dualemb.jax.ids import STRING_KEYS_MESSAGE
+        raise TypeError(f"table {name!r} of the checkpoint at {path} has string keys: "
+                        f"{STRING_KEYS_MESSAGE}")
     value_dtype = str(entry.get("value_dtype", "float32"))
     _values.require_available(value_dtype)  # float64/int64 need x64 (before anything is read)
     metadata = manifest.get("metadata") or {}

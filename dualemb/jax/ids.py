@@ -12,7 +12,9 @@ silently turn numpy int64 ids into int32, dropping the high bits. dualemb theref
   int64 table is refused, because it may be the truncated remains of int64 ids; wrap ids that
   really are int32 with :func:`ids` to say so.
 
-Float, bool and complex ids are refused.
+Float, bool and complex ids are refused. String keys are refused too (``TypeError``): XLA has no
+string arrays, so strings become int64 ids on the host before they reach JAX, with
+:func:`string_ids` (a 63-bit fingerprint per string) or a vocabulary of your own.
 """
 
 from __future__ import annotations
@@ -115,6 +117,36 @@ def ids(x) -> Ids:
     return Ids(_host_halves(x))
 
 
+STRING_KEYS_MESSAGE = (
+    "dualemb.jax takes integer ids, not strings (XLA has no string arrays): map string keys to "
+    "int64 ids on the host first, e.g. ids = dualemb.jax.string_ids(keys) (a 63-bit "
+    "fingerprint of each string's UTF-8 bytes; distinct strings collide with probability "
+    "~n**2/2**64), or a vocabulary of your own; tables with exact string keys are offered by "
+    "dualemb.core.Table(key_dtype='string') and dualemb.tf")
+
+
+def string_ids(keys) -> np.ndarray:
+    """int64 ids of string keys (str as UTF-8, or bytes), computed on the host: the core's
+    fingerprint (``dualemb_core.h``, ``de_string_fingerprint``), the same int64 key whose
+    initializer row a string table gives that string. Pass the result (or ``ids(result)`` in
+    32-bit mode) to any ``dualemb.jax`` operation."""
+    from dualemb.core._string_keys import fingerprints
+
+    return fingerprints(keys)
+
+
+def _is_string_data(x) -> bool:
+    if isinstance(x, (str, bytes)):
+        return True
+    if isinstance(x, (list, tuple, np.ndarray)):
+        arr = np.asarray(x, dtype=object) if not isinstance(x, np.ndarray) else x
+        if arr.dtype.kind in "SU":
+            return True
+        if arr.dtype == object:
+            return any(isinstance(v, (str, bytes)) for v in arr.reshape(-1)[:1].tolist())
+    return False
+
+
 def _check_integer(dtype) -> None:
     dtype = np.dtype(dtype)
     if dtype.kind not in "iu" or dtype == np.bool_:
@@ -122,6 +154,8 @@ def _check_integer(dtype) -> None:
 
 
 def _host_int64(x) -> np.ndarray:
+    if _is_string_data(x):
+        raise TypeError(STRING_KEYS_MESSAGE)
     arr = np.asarray(x)
     if arr.dtype == object or arr.dtype.kind not in "iu":
         if arr.size == 0 and arr.dtype.kind == "f":

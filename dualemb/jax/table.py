@@ -303,6 +303,9 @@ def create(dim: int, *, key_dtype: str = "int64", value_dtype="float32", initial
             not 0 <= int(table_id) < 2**63:
         raise ValueError(f"table_id must be a non-negative 63-bit int (0 = a fresh id), got "
                          f"{table_id!r}")
+    if key_dtype == "string":
+        from dualemb.jax.ids import STRING_KEYS_MESSAGE
+        raise TypeError(f"key_dtype='string': {STRING_KEYS_MESSAGE}")
     vd = _values.name_of(value_dtype)
     _values.require_available(vd)
     opt = _optimizer(optimizer)
@@ -339,6 +342,9 @@ def attach(table_id: int, *, optimizer=None, step: int = 0, learning_rate=None) 
     """
     step = check_step(step)
     core = CoreTable.attach(int(table_id))
+    if core.key_dtype_name == "string":
+        from dualemb.jax.ids import STRING_KEYS_MESSAGE
+        raise TypeError(f"table {int(table_id)} has string keys: {STRING_KEYS_MESSAGE}")
     vd = value_dtype_of(core)
     opt = _optimizer(optimizer)
     if opt is not None:

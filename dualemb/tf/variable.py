@@ -55,8 +55,9 @@ from dualemb.tf.row_lookup import lookup_ids
 from dualemb.tf.shard import TableShard
 from dualemb.tf.slots import slot_variables
 from dualemb.tf.trainable import TrainableWrapper
+from dualemb.core._string_keys import as_string_keys
 
-_KEY_DTYPES = (tf.int64, tf.int32)
+_KEY_DTYPES = (tf.int64, tf.int32, tf.string)
 _VALUE_DTYPES = (tf.float32, tf.float16, tf.bfloat16, tf.float64, tf.int8, tf.int32, tf.int64)
 
 
@@ -71,9 +72,12 @@ def check_trainable_dtype(var) -> None:
 
 
 def default_partition_fn(keys, shard_num):
-    """Shard index of each key: floored ``key mod shard_num`` (int32); all 0 for one shard."""
+    """Shard index of each key: floored ``key mod shard_num`` (int32); all 0 for one shard.
+    String keys go to ``tf.strings.to_hash_bucket_fast(keys, shard_num)``, as in TFRA."""
     if shard_num == 1:
-        return tf.zeros_like(keys, dtype=tf.int32)
+        return tf.zeros(tf.shape(keys), dtype=tf.int32)
+    if keys.dtype == tf.string:
+        return tf.cast(tf.strings.to_hash_bucket_fast(keys, shard_num), tf.int32)
     return tf.cast(shard_of(keys, shard_num), tf.int32)
 
 
@@ -93,7 +97,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
     over ``len(devices)`` core tables. Same arguments and defaults as TFRA's ``Variable``.
 
     Args:
-      key_dtype: ``tf.int64`` (default) or ``tf.int32``.
+      key_dtype: ``tf.int64`` (default), ``tf.int32`` or ``tf.string`` (keys compared by their
+        bytes, no collisions; str keys are UTF-8 encoded).
       value_dtype: what the tables store: ``tf.float32`` (default), float16 / bfloat16 (2 bytes per
         element; trained with float32 arithmetic), float64, or int8 / int32 / int64 (counters,
         id maps: every operation but training; their initializer must be a constant).
@@ -281,6 +286,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                 raise TypeError(f"{what} have dtype {dtype.name}, but Variable {self._name!r} has "
                                 f"key_dtype {self._key_dtype.name}")
             return tf.convert_to_tensor(keys)
+        if self._key_dtype == tf.string:  # str (UTF-8) / bytes, or TypeError naming the element
+            return tf.constant(as_string_keys(keys), tf.string)
         # Python numbers / lists: through numpy, so that out-of-range ids are refused (TF would
         # silently wrap 2**40 to 0 when converting to int32).
         arr = np.asarray(keys)

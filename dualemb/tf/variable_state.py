@@ -42,10 +42,12 @@ META = "meta"
 
 
 def dtypes_of(var) -> dict:
-    """The dtype of each saved tensor: keys int64 whatever the key dtype, values and slots in the
-    Variable's value dtype (as the tables store them, so integer and float64 rows stay exact)."""
+    """The dtype of each saved tensor: keys int64 (int32 keys widened) or strings, values and slots
+    in the Variable's value dtype (as the tables store them, so integer and float64 rows stay
+    exact)."""
     value_dtype = tf.as_dtype(var.value_dtype)
-    return {"keys": tf.int64, "values": value_dtype, "slots": value_dtype,
+    keys = tf.string if tf_key_dtype(var) == tf.string else tf.int64
+    return {"keys": keys, "values": value_dtype, "slots": value_dtype,
             "last_update": tf.int64, "update_count": tf.int64, META: tf.string}
 
 
@@ -187,7 +189,8 @@ def export_tensors(var) -> dict:
         return xs[0] if len(xs) == 1 else tf.concat(xs, axis=0)
 
     out = {f: cat(f) for f in FIELDS}
-    out["keys"] = tf.cast(out["keys"], tf.int64)
+    if out["keys"].dtype != tf.string:
+        out["keys"] = tf.cast(out["keys"], tf.int64)
     out[META] = _meta_tensor(facts, description)
     return out
 
@@ -275,7 +278,7 @@ def import_tensors(var, facts: dict, restored: dict, deps: list):
     (the checks of a traced restore). Returns None eagerly, the grouped op in a graph."""
     kd = tf_key_dtype(var)
     with tf.control_dependencies(deps):
-        keys = tf.cast(restored["keys"], kd)
+        keys = tf.identity(restored["keys"]) if kd == tf.string else tf.cast(restored["keys"], kd)
     fields = {"keys": keys, "values": restored["values"], "slots": restored["slots"],
               "last_update": restored["last_update"], "update_count": restored["update_count"]}
     n = len(facts["ids"])

@@ -12,7 +12,9 @@ namespace {
 int parse_key_dtype(const std::string& s) {
   if (s == "int64") return 0;
   if (s == "int32") return 1;
-  throw std::invalid_argument("unsupported key_dtype '" + s + "' (supported: int64, int32)");
+  if (s == "string") return 2;  // DE_KEY_STRING: the registry adds the StringKeys map
+  throw std::invalid_argument("unsupported key_dtype '" + s +
+                              "' (supported: int64, int32, string)");
 }
 
 }  // namespace

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dualemb.core.checkpoint import _fs, _manifest
+from dualemb.core.checkpoint import _string_keys as _skeys
 from dualemb.core.checkpoint._manifest import (KEY_DTYPES, META_TENSORS, SLOT_PREFIX,
                                                VALUE_DTYPES, CheckpointError)
 from dualemb.core.checkpoint._result import Checkpoint
@@ -106,10 +107,13 @@ class _Job:
 
 
 def _expected_tensors(entry: dict) -> dict:
-    n_dtype = KEY_DTYPES[entry["key_dtype"]]
     v_dtype = VALUE_DTYPES[entry["value_dtype"]]
     dim = entry["dim"]
-    out = {"keys": (n_dtype, None), "values": (v_dtype, dim)}
+    out = {"values": (v_dtype, dim)}
+    if _skeys.is_string(entry):  # shapes "n+1" and "1-d": see _open_and_check
+        out.update({_skeys.OFFSETS: ("I64", "n+1"), _skeys.BYTES: ("U8", "1-d")})
+    else:
+        out["keys"] = (KEY_DTYPES[entry["key_dtype"]], None)
     for m in META_TENSORS:
         out[m] = ("I64", None)
     for s in entry["slot_names"]:
@@ -124,7 +128,7 @@ def _check_live(job: _Job) -> None:
         if int(t.dim) != e["dim"]:
             raise CheckpointError(f"{where}: dim mismatch: the live table has dim {t.dim}, the "
                                   f"checkpoint has dim {e['dim']}")
-        kd = np.dtype(t.key_dtype).name
+        kd = _skeys.live_key_dtype_name(t)
         if kd != e["key_dtype"]:
             raise CheckpointError(f"{where}: key dtype mismatch: the live table has {kd} keys, "
                                   f"the checkpoint has {e['key_dtype']} keys")
@@ -170,8 +174,13 @@ def _open_and_check(job: _Job, root: str) -> None:
             raise CheckpointError(f"{label}: tensors {sorted(s['tensors'])}, expected "
                                   f"{sorted(want)}")
         for tname, (code, dim) in want.items():
-            shape = [s["rows"]] if dim is None else [s["rows"], dim]
             t = s["tensors"][tname]
+            if dim == "n+1":
+                shape = [s["rows"] + 1]
+            elif dim == "1-d":
+                shape = t["shape"] if len(t["shape"]) == 1 else ["any"]
+            else:
+                shape = [s["rows"]] if dim is None else [s["rows"], dim]
             if t["dtype"] != code or t["shape"] != shape:
                 raise CheckpointError(f"{label}: tensor {tname!r} is {t['dtype']} {t['shape']}, "
                                       f"expected {code} {shape}")
@@ -185,7 +194,7 @@ def _verify_all(jobs: list, pool: ThreadPoolExecutor) -> None:
     route_lock = threading.Lock()
     tasks = []
     for job in jobs:
-        key_np = np.dtype(job.entry["key_dtype"])
+        key_np = None if _skeys.is_string(job.entry) else np.dtype(job.entry["key_dtype"])
         for r in job.readers:
             for tname, lo, hi in r.segments(_SEGMENT_BYTES):
                 tasks.append((job, r, tname, lo, hi, key_np))
@@ -216,6 +225,8 @@ def _verify_all(jobs: list, pool: ThreadPoolExecutor) -> None:
         crcs[(id(r), tname)] = crc32_combine(prev, crc, hi - lo)
         job.counts += counts
     for job in jobs:
+        if _skeys.is_string(job.entry):  # one live table (checked in load): all rows go there
+            job.counts[0] = job.entry["rows"]
         for r in job.readers:
             for tname in r.entry["tensors"]:
                 r.check_crc(tname, crcs.get((id(r), tname), 0))
@@ -237,13 +248,19 @@ def _check_distinct_live(jobs: list) -> None:
 def _read_page(r: Reader, e: dict, row0: int, m: int) -> dict:
     dim = e["dim"]
     ns = len(e["slot_names"])
+    strings = _skeys.is_string(e)
     vd = VALUE_NUMPY[e["value_dtype"]]
-    page = {"keys": np.empty(m, np.dtype(e["key_dtype"])),
+    page = {"keys": None if strings else np.empty(m, np.dtype(e["key_dtype"])),
             "values": np.empty((m, dim), vd),
             "last_update": np.empty(m, np.int64), "update_count": np.empty(m, np.int64),
             "slots": None}
-    for name in ("keys", "values", "last_update", "update_count"):
+    for name in ("values", "last_update", "update_count") + (() if strings else ("keys",)):
         r.read(name, row0, page[name])
+    if strings:
+        try:
+            page["keys"] = _skeys.read_page(r, row0, m, f"table shard file {r.path}")
+        except _skeys.CorruptKeys as exc:
+            raise CheckpointError(str(exc)) from None
     if ns:
         slots = np.empty((m, ns, dim), vd)
         col = np.empty((m, dim), vd)
@@ -258,7 +275,7 @@ def _import(job: _Job, partitioner, pool: ThreadPoolExecutor) -> None:
     """Reads the shard files page by page (the next page is read by a worker thread while the
     current one is imported) and imports each row into the live shard the partitioner names."""
     e = job.entry
-    key_np = np.dtype(e["key_dtype"])
+    key_np = np.dtype(np.int64 if _skeys.is_string(e) else e["key_dtype"])
     row_bytes = (VALUE_NUMPY[e["value_dtype"]].itemsize * e["dim"] * (1 + len(e["slot_names"]))
                  + 16 + key_np.itemsize)
     rows_per_page = max(1, PAGE_BYTES // row_bytes)
@@ -388,6 +405,11 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
                 n = int(num_shards or 1)
                 job = _Job(name, e, None, n, single=num_shards is None)
             job.partitioner = partitioners.get(name) or _default_partitioner
+            if _skeys.is_string(e) and (job.num_live > 1 or isinstance(job.partitioner, Subset)):
+                raise CheckpointError(f"table {name!r} has string keys: it loads whole into one "
+                                      "live table (string keys are not routed across shards or "
+                                      "processes, so neither several live shards nor a Subset "
+                                      "partitioner can take it)")
             jobs.append(job)
             _open_and_check(job, root)
         dense = load_dense_at(root, manifest)

@@ -19,7 +19,8 @@ MANIFEST = "manifest.json"
 MANIFEST_CHECKSUM = "manifest.crc32.json"
 DENSE_FILE = "dense.safetensors"
 
-KEY_DTYPES = {"int64": "I64", "int32": "I32"}
+# "string" keys are stored as key_offsets + key_bytes (checkpoint/_string_keys.py), not `keys`.
+KEY_DTYPES = {"int64": "I64", "int32": "I32", "string": None}
 # Values and slots are stored in the table's own value dtype (dualemb.core.value_dtypes).
 VALUE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
                 "int8": "I8", "int32": "I32", "int64": "I64"}
@@ -182,7 +183,7 @@ def validate(manifest: Any, where: str) -> dict:
         if version == 1:
             _upgrade_v1(t, w)
         _need(t.get("key_dtype") in KEY_DTYPES, w,
-              f"unsupported key_dtype {t.get('key_dtype')!r} (int64, int32)")
+              f"unsupported key_dtype {t.get('key_dtype')!r} (int64, int32, string)")
         _need(t.get("value_dtype") in VALUE_DTYPES, w,
               f"unsupported value_dtype {t.get('value_dtype')!r} ({', '.join(VALUE_DTYPES)})")
         _need(_is_int(t.get("dim")) and t["dim"] >= 1, w, "'dim' must be a positive integer")

@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from dualemb.core.checkpoint import _fs
+from dualemb.core.checkpoint import _string_keys as _skeys
 from dualemb.core.checkpoint._manifest import (DENSE_FILE, FORMAT, SLOT_PREFIX, VERSION,
                                                CheckpointError, dumps, shard_file_name)
 from dualemb.core.checkpoint._manifest import write_files as write_manifest_files
@@ -100,12 +101,18 @@ def _write_shard(table, path: str, name: str, shard: int, info: dict, page_rows:
     dim = info["dim"]
     slot_names = info["slot_names"]
     ns = len(slot_names)
-    key_dtype = np.dtype(info["key_dtype"])
+    strings = _skeys.is_string(info)
+    key_dtype = np.dtype(np.int64 if strings else info["key_dtype"])
     value_dtype = VALUE_NUMPY[info["value_dtype"]]  # values and slots keep the table's dtype
     clock0 = table.clock
     n = int(table.size())
+    if strings:
+        key_bytes = _skeys.count_key_bytes(table, n, max(1, min(int(page_rows), 1 << 16)))
+        key_tensors = _skeys.tensors(n, key_bytes)
+    else:
+        key_tensors = [("keys", key_dtype, (n,))]
     tensors = [("last_update", np.int64, (n,)), ("update_count", np.int64, (n,)),
-               ("keys", key_dtype, (n,)), ("values", value_dtype, (n, dim))]
+               *key_tensors, ("values", value_dtype, (n, dim))]
     tensors += [(SLOT_PREFIX + s, value_dtype, (n, dim)) for s in slot_names]
     writer = Writer(path, tensors, {"format": FORMAT, "table": name, "shard": str(shard)})
     row_bytes = value_dtype.itemsize * dim * (1 + ns) + 16 + key_dtype.itemsize
@@ -127,7 +134,10 @@ def _write_shard(table, path: str, name: str, shard: int, info: dict, page_rows:
 
     inflight: list = []  # futures of the page being written while the next one is exported
     done = 0
+    key_writer = None
     try:
+        if strings:
+            key_writer = _skeys.KeyWriter(writer, key_bytes)
         while done < n:
             page = _export_page(table, done, min(rows_per_page, n - done))
             m = len(page["keys"])
@@ -136,15 +146,23 @@ def _write_shard(table, path: str, name: str, shard: int, info: dict, page_rows:
             for f in inflight:
                 f.result()
             inflight = []
-            for tname in ("last_update", "update_count", "keys", "values"):
+            for tname in ("last_update", "update_count", "values"):
                 inflight += put(tname, done, page[tname])
+            if key_writer is None:
+                inflight += put("keys", done, page["keys"])
+            else:
+                try:
+                    key_writer.write_page(done, page["keys"])
+                except _skeys.CorruptKeys:
+                    clock0 = None  # modified while saved: reported below
             inflight += [pool.submit(slot_task, j, done, page["slots"]) for j in range(ns)]
             done += m
             del page
         for f in inflight:
             f.result()
         inflight = []
-        if done != n or table.clock != clock0 or list(table.slot_names) != slot_names:
+        if done != n or table.clock != clock0 or list(table.slot_names) != slot_names or \
+                (key_writer is not None and not key_writer.complete()):
             raise CheckpointError(
                 f"table {name!r} shard {shard} was modified while it was being saved "
                 f"({done} of {n} rows exported); save again while no thread writes to it")

@@ -100,6 +100,10 @@ class EmbeddingLogic:
                     raise ValueError("an all-to-all embedding routes keys with "
                                      "dualemb.core.routing.shard_of; a custom partitioner "
                                      "is not supported")
+                if tf.as_dtype(key_dtype) == tf.string:
+                    # TF's collective all-to-all moves numeric tensors only.
+                    raise ValueError("an all-to-all embedding takes integer keys; "
+                                     "key_dtype=tf.string is not supported")
                 exchange = alltoall.for_strategy(strategy)
                 if devices is None:  # one shard per local replica, on the replica's device
                     table_devices = list(strategy.extended.worker_devices)
@@ -172,7 +176,8 @@ class EmbeddingLogic:
         if isinstance(values, tf.SparseTensor):
             raise TypeError(f"{type(self).__name__} takes dense or ragged ids, not a SparseTensor")
         values = tf.convert_to_tensor(values)
-        if not values.dtype.is_integer:
+        # String ids are taken only by a layer of string key_dtype (below they must match it).
+        if not values.dtype.is_integer and not (values.dtype == tf.string == self.key_dtype):
             raise TypeError(f"{type(self).__name__} {self.name!r} got ids of dtype "
                             f"{values.dtype.name}; ids must be integers (declare "
                             f"Input(..., dtype='{self.key_dtype.name}'))")

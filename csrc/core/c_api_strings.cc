@@ -1,0 +1,401 @@
+#include "c_api_strings.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "registry.h"
+#include "storage/storage.h"
+#include "string_keys.h"
+#include "value_dtype.h"
+
+namespace dualemb {
+namespace string_api {
+namespace {
+
+const char* key_dtype_name(int d) {
+  return d == DE_KEY_INT64 ? "int64" : d == DE_KEY_INT32 ? "int32" : d == DE_KEY_STRING ? "string" : "unknown";
+}
+
+// The table, which must have string keys.
+TableRef string_table(int64_t id) {
+  TableRef ref = get_table_ref(id);
+  if (!ref.keys)
+    throw std::invalid_argument(std::string("keys have dtype string but the table's key dtype is ") +
+                                key_dtype_name(ref.storage->key_dtype()));
+  return ref;
+}
+
+// The n strings of a de_string_keys, checked.
+std::vector<std::string_view> read_keys(const void* keys, int64_t n) {
+  if (n < 0) throw std::invalid_argument("negative key count " + std::to_string(n));
+  std::vector<std::string_view> out;
+  if (n == 0) return out;
+  if (!keys) throw std::invalid_argument("keys pointer is null");
+  const auto* k = static_cast<const de_string_keys*>(keys);
+  if (!k->offsets) throw std::invalid_argument("string keys: offsets pointer is null");
+  if (k->offsets[0] < 0) throw std::invalid_argument("string keys: offsets[0] is negative");
+  for (int64_t i = 0; i < n; ++i)
+    if (k->offsets[i + 1] < k->offsets[i])
+      throw std::invalid_argument("string keys: offsets decrease at position " + std::to_string(i));
+  if (k->offsets[n] > k->offsets[0] && !k->bytes)
+    throw std::invalid_argument("string keys: bytes pointer is null");
+  out.reserve(n);
+  for (int64_t i = 0; i < n; ++i)
+    out.emplace_back(k->bytes + k->offsets[i], static_cast<size_t>(k->offsets[i + 1] - k->offsets[i]));
+  return out;
+}
+
+void require(const void* p, int64_t n, const char* name) {
+  if (n > 0 && p == nullptr) throw std::invalid_argument(std::string(name) + " pointer is null");
+}
+
+// Bytes of one value row in the table's value dtype (rows cross the C ABI as raw bytes).
+size_t value_row_bytes(const Storage& s) {
+  return static_cast<size_t>(s.dim()) * value_dtype_size(s.value_dtype());
+}
+
+// Whether each id has a row (ids are few here: new or probed ones, or a rollback).
+std::vector<uint8_t> has_rows(const Storage& s, const std::vector<int64_t>& ids) {
+  std::vector<uint8_t> out(ids.size());
+  constexpr size_t kChunk = 1024;
+  // 8 bytes per value element: room for any value dtype, aligned for any.
+  std::vector<double> scratch(std::min(ids.size(), kChunk) * static_cast<size_t>(s.dim()));
+  for (size_t b = 0; b < ids.size(); b += kChunk) {
+    const size_t m = std::min(kChunk, ids.size() - b);
+    s.find(ids.data() + b, static_cast<int64_t>(m), scratch.data(), out.data() + b);
+  }
+  return out;
+}
+
+// Writes the initial row of string s (from its fingerprint) at row i of `values`.
+void write_initial(const Storage& st, std::string_view s, void* values, int64_t i) {
+  const int64_t k = string_init_key(s);
+  st.initial_values(&k, 1, static_cast<char*>(values) + i * value_row_bytes(st));
+}
+
+// Ids of the strings, added to the map where absent; the added ids go to *added.
+std::vector<int64_t> ids_adding(StringKeys& m, const std::vector<std::string_view>& sv,
+                                std::vector<int64_t>* added) {
+  std::vector<int64_t> ids(sv.size());
+  m.reserve_more(sv.size());
+  try {
+    for (size_t i = 0; i < sv.size(); ++i) {
+      bool fresh = false;
+      ids[i] = m.find_or_add(sv[i], &fresh);
+      if (fresh) added->push_back(ids[i]);
+    }
+  } catch (...) {
+    for (int64_t id : *added) m.remove_id(id);
+    throw;
+  }
+  return ids;
+}
+
+// After a failed write: the strings this call added are dropped again, except those whose row
+// exists (rows are never left without their string).
+void roll_back(StringKeys& m, const Storage& st, const std::vector<int64_t>& added) {
+  try {
+    std::vector<uint8_t> live = has_rows(st, added);
+    for (size_t i = 0; i < added.size(); ++i)
+      if (!live[i]) m.remove_id(added[i]);
+  } catch (...) {
+    // Could not tell which have rows: keep them all (a string without a row is harmless; the
+    // next compaction drops it).
+  }
+}
+
+// Drops every string whose row is gone.
+void compact(StringKeys& m, const Storage& st) {
+  const int64_t size = st.size();
+  std::vector<int64_t> live(static_cast<size_t>(size));
+  const int64_t got = st.export_rows(0, size, live.data(), nullptr, nullptr, -1, nullptr, nullptr);
+  live.resize(static_cast<size_t>(got));
+  std::sort(live.begin(), live.end());
+  m.keep_only(live);
+}
+
+// Amortised: evicted rows leave their strings behind; once they outnumber the live ones (plus
+// some slack) one pass drops them all, so the map stays within about twice the table's size.
+void maybe_compact(StringKeys& m, const Storage& st) {
+  if (m.entries() > 2 * st.size() + 1024) compact(m, st);
+}
+
+// A new string whose id is not its fingerprint (another string held that id) would get the
+// initializer row of its id; its row is made first from the fingerprint instead. Returns the
+// ids so made (sorted) and adds to *evicted what their import evicted. Almost always a no-op:
+// it takes two strings with one 63-bit fingerprint.
+std::vector<int64_t> make_probed_rows(Storage& st, const std::vector<std::string_view>& sv,
+                                      const std::vector<int64_t>& ids, int64_t* evicted) {
+  std::vector<int64_t> cand;
+  std::vector<std::string_view> cand_s;
+  for (size_t i = 0; i < sv.size(); ++i)
+    if (ids[i] != string_init_key(sv[i]) &&
+        std::find(cand.begin(), cand.end(), ids[i]) == cand.end()) {
+      cand.push_back(ids[i]);
+      cand_s.push_back(sv[i]);
+    }
+  if (cand.empty()) return {};
+  std::vector<uint8_t> live = has_rows(st, cand);
+  std::vector<int64_t> make;
+  std::vector<double> rows;  // double: aligned for any value dtype
+  const size_t rb = value_row_bytes(st);
+  for (size_t j = 0; j < cand.size(); ++j) {
+    if (live[j]) continue;
+    make.push_back(cand[j]);
+    rows.resize((make.size() * rb + sizeof(double) - 1) / sizeof(double));
+    write_initial(st, cand_s[j], rows.data(), static_cast<int64_t>(make.size() - 1));
+  }
+  if (make.empty()) return {};
+  *evicted += st.import_rows(make.data(), static_cast<int64_t>(make.size()),
+                             rows.data(), nullptr, -1, nullptr,
+                             nullptr);
+  std::sort(make.begin(), make.end());
+  return make;
+}
+
+using Exclusive = std::unique_lock<std::shared_mutex>;
+using Shared = std::shared_lock<std::shared_mutex>;
+
+}  // namespace
+
+bool is_string_table(int64_t id) { return get_table_ref(id).keys != nullptr; }
+
+void find(int64_t id, const void* keys, int64_t n, void* values, uint8_t* exists) {
+  TableRef t = string_table(id);
+  auto sv = read_keys(keys, n);
+  require(values, n, "values");
+  Shared lock(t.keys->mutex());
+  std::vector<int64_t> ids(n);
+  std::vector<uint8_t> known(n), found(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t k = t.keys->find(sv[i]);
+    known[i] = k >= 0;
+    // An unknown string is looked up by its fingerprint only to fill the row in one pass; the
+    // row it may hit belongs to another string and is overwritten below.
+    ids[i] = k >= 0 ? k : string_init_key(sv[i]);
+  }
+  t.storage->find(ids.data(), n, values, found.data());
+  for (int64_t i = 0; i < n; ++i) {
+    const bool wrong_row = known[i] ? (!found[i] && ids[i] != string_init_key(sv[i])) : found[i];
+    if (wrong_row) write_initial(*t.storage, sv[i], values, i);
+    if (exists) exists[i] = known[i] && found[i];
+  }
+}
+
+int64_t find_or_insert(int64_t id, const void* keys, int64_t n, void* values, uint8_t* exists) {
+  TableRef t = string_table(id);
+  auto sv = read_keys(keys, n);
+  require(values, n, "values");
+  Exclusive lock(t.keys->mutex());
+  std::vector<int64_t> added;
+  auto ids = ids_adding(*t.keys, sv, &added);
+  try {
+    int64_t evicted = 0;
+    const auto made = make_probed_rows(*t.storage, sv, ids, &evicted);
+    std::vector<uint8_t> ex(n);
+    evicted += t.storage->find_or_insert(ids.data(), n, values, ex.data());
+    if (exists)
+      for (int64_t i = 0; i < n; ++i)
+        exists[i] = ex[i] && !std::binary_search(made.begin(), made.end(), ids[i]);
+    maybe_compact(*t.keys, *t.storage);
+    return evicted;
+  } catch (...) {
+    roll_back(*t.keys, *t.storage, added);
+    throw;
+  }
+}
+
+int64_t insert_or_assign(int64_t id, const void* keys, int64_t n, const void* values) {
+  TableRef t = string_table(id);
+  auto sv = read_keys(keys, n);
+  require(values, n, "values");
+  Exclusive lock(t.keys->mutex());
+  std::vector<int64_t> added;
+  auto ids = ids_adding(*t.keys, sv, &added);
+  try {
+    int64_t evicted = t.storage->insert_or_assign(ids.data(), n, values);
+    maybe_compact(*t.keys, *t.storage);
+    return evicted;
+  } catch (...) {
+    roll_back(*t.keys, *t.storage, added);
+    throw;
+  }
+}
+
+int64_t accum(int64_t id, const void* keys, int64_t n, const void* deltas,
+              const uint8_t* exists) {
+  TableRef t = string_table(id);
+  auto sv = read_keys(keys, n);
+  require(deltas, n, "deltas");
+  require(exists, n, "exists");
+  Exclusive lock(t.keys->mutex());
+  std::vector<int64_t> added;
+  auto ids = ids_adding(*t.keys, sv, &added);
+  int64_t evicted;
+  try {
+    evicted = t.storage->accum(ids.data(), n, deltas, exists);
+  } catch (...) {
+    roll_back(*t.keys, *t.storage, added);
+    throw;
+  }
+  // An unknown string with exists = 1 is ignored by accum: it got no row, so it leaves the map.
+  roll_back(*t.keys, *t.storage, added);
+  maybe_compact(*t.keys, *t.storage);
+  return evicted;
+}
+
+void erase(int64_t id, const void* keys, int64_t n) {
+  TableRef t = string_table(id);
+  auto sv = read_keys(keys, n);
+  Exclusive lock(t.keys->mutex());
+  std::vector<int64_t> ids;
+  ids.reserve(sv.size());
+  for (auto s : sv) {
+    const int64_t k = t.keys->find(s);
+    if (k >= 0) ids.push_back(k);
+  }
+  t.storage->erase(ids.data(), static_cast<int64_t>(ids.size()));
+  for (int64_t k : ids) t.keys->remove_id(k);
+}
+
+void clear(int64_t id) {
+  TableRef t = get_table_ref(id);
+  Exclusive lock(t.keys->mutex());
+  t.storage->clear();
+  t.keys->clear();
+}
+
+int64_t apply_gradients(int64_t id, const void* keys, int64_t n, const void* grads, float lr,
+                        int64_t step) {
+  TableRef t = string_table(id);
+  auto sv = read_keys(keys, n);
+  require(grads, n, "grads");
+  if (step < 1) throw std::invalid_argument("step must be >= 1 (the 1-based update count)");
+  Exclusive lock(t.keys->mutex());
+  // Refused before any string is added or any row is made (describe() ends with
+  // ,"optimizer":null} exactly when none is attached).
+  const std::string d = t.storage->describe();
+  static const std::string kNone = ",\"optimizer\":null}";
+  if (d.size() >= kNone.size() && d.compare(d.size() - kNone.size(), kNone.size(), kNone) == 0)
+    throw std::invalid_argument("this table has no optimizer attached");
+  std::vector<int64_t> added;
+  auto ids = ids_adding(*t.keys, sv, &added);
+  try {
+    int64_t evicted = 0;
+    make_probed_rows(*t.storage, sv, ids, &evicted);
+    evicted += t.storage->apply_gradients(ids.data(), n, static_cast<const float*>(grads), lr, step);
+    maybe_compact(*t.keys, *t.storage);
+    return evicted;
+  } catch (...) {
+    roll_back(*t.keys, *t.storage, added);
+    throw;
+  }
+}
+
+int64_t restrict_rows(int64_t id, int64_t num_reserved, int32_t policy, const void* keys,
+                      const float* scores, int64_t n) {
+  TableRef t = get_table_ref(id);
+  std::vector<int64_t> ids;
+  std::vector<float> sc;
+  std::vector<std::string_view> sv;
+  if (policy == DE_RESTRICT_CUSTOM) {
+    sv = read_keys(keys, n);
+    require(scores, n, "scores");
+    for (int64_t i = 0; i < n; ++i)
+      if (std::isnan(scores[i]))
+        throw std::invalid_argument("the score of the string key at position " +
+                                    std::to_string(i) +
+                                    " is NaN; scores must be numbers (+-inf allowed)");
+  }
+  Exclusive lock(t.keys->mutex());
+  for (size_t i = 0; i < sv.size(); ++i) {
+    const int64_t k = t.keys->find(sv[i]);
+    if (k < 0) continue;  // no row: its score ranks nothing
+    ids.push_back(k);
+    sc.push_back(scores[i]);
+  }
+  const int64_t removed = t.storage->restrict(num_reserved, static_cast<RestrictBy>(policy),
+                                              ids.data(), sc.data(), static_cast<int64_t>(ids.size()));
+  compact(*t.keys, *t.storage);
+  return removed;
+}
+
+int64_t export_rows(int64_t id, int64_t offset, int64_t limit, de_string_keys_out* out,
+                    void* values, void* slots, int32_t num_slots, int64_t* last_update,
+                    int64_t* update_count) {
+  TableRef t = string_table(id);
+  if (offset < 0 || limit < 0) throw std::invalid_argument("offset and limit must be >= 0");
+  if (!out->offsets) throw std::invalid_argument("string keys out: offsets pointer is null");
+  if (out->capacity < 0) throw std::invalid_argument("string keys out: negative capacity");
+  if (out->capacity > 0 && !out->bytes)
+    throw std::invalid_argument("string keys out: bytes pointer is null");
+  Shared lock(t.keys->mutex());
+  std::vector<int64_t> ids(static_cast<size_t>(std::min<int64_t>(limit, t.storage->size())));
+  const int64_t got = t.storage->export_rows(
+      offset, static_cast<int64_t>(ids.size()), ids.data(), values,
+      slots, slots ? num_slots : -1, last_update, update_count);
+  int64_t used = 0, written = 0;
+  out->offsets[0] = 0;
+  out->needed = 0;
+  for (; written < got; ++written) {
+    const std::string* s = t.keys->string_of(ids[written]);
+    if (!s) throw std::logic_error("internal error: a row of a string table has no string");
+    const int64_t len = static_cast<int64_t>(s->size());
+    if (used + len > out->capacity) {
+      out->needed = len;
+      break;
+    }
+    if (len) std::memcpy(out->bytes + used, s->data(), static_cast<size_t>(len));
+    used += len;
+    out->offsets[written + 1] = used;
+  }
+  return written;
+}
+
+int64_t import_rows(int64_t id, const void* keys, int64_t n, const void* values,
+                    const void* slots, int32_t num_slots, const int64_t* last_update,
+                    const int64_t* update_count) {
+  TableRef t = string_table(id);
+  auto sv = read_keys(keys, n);
+  require(values, n, "values");
+  Exclusive lock(t.keys->mutex());
+  std::vector<int64_t> added;
+  auto ids = ids_adding(*t.keys, sv, &added);
+  try {
+    int64_t evicted = t.storage->import_rows(ids.data(), n, values,
+                                             slots,
+                                             slots ? num_slots : -1, last_update, update_count);
+    maybe_compact(*t.keys, *t.storage);
+    return evicted;
+  } catch (...) {
+    roll_back(*t.keys, *t.storage, added);
+    throw;
+  }
+}
+
+void initial_values(int64_t id, const void* keys, int64_t n, void* values) {
+  TableRef t = string_table(id);
+  auto sv = read_keys(keys, n);
+  require(values, n, "values");
+  std::vector<int64_t> k(n);
+  for (int64_t i = 0; i < n; ++i) k[i] = string_init_key(sv[i]);
+  t.storage->initial_values(k.data(), n, values);
+}
+
+void stats(int64_t id, int64_t* entries, int64_t* key_bytes) {
+  TableRef t = string_table(id);
+  Shared lock(t.keys->mutex());
+  if (entries) *entries = t.keys->entries();
+  if (key_bytes) *key_bytes = t.keys->key_bytes();
+}
+
+}  // namespace string_api
+}  // namespace dualemb
