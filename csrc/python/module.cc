@@ -9,30 +9,20 @@
 #include <string>
 #include <vector>
 
+#include "core_errors.h"
 #include "dualemb_core.h"
 #include "string_keys.h"
 #include "value_buffers.h"
 
 namespace py = pybind11;
 
+using dualemb_py::check;
 using dualemb_py::value_buffer;
 using dualemb_py::value_dtype_name;
 using dualemb_py::value_input;
 
 namespace {
 
-// Raised as MemoryError (an allocation failed or was refused for its size), KeyError (unknown
-// table) or ValueError (anything else: a bad argument).
-void check(int rc) {
-  if (rc == 0) return;
-  std::string msg = de_last_error();
-  if (de_last_error_kind() == DE_ERROR_NO_MEMORY) {
-    PyErr_SetString(PyExc_MemoryError, msg.c_str());
-    throw py::error_already_set();
-  }
-  if (msg.find("unknown table id") != std::string::npos) throw py::key_error(msg);
-  throw py::value_error(msg);
-}
 
 // The slot count a [rows, num_slots, dim] slots array is shaped for. The caller's count travels
 // to the core, which checks it against the table's under the table lock (another handle may

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "core_errors.h"
 #include "value_buffers.h"
 
 namespace py = pybind11;
@@ -11,16 +12,6 @@ namespace py = pybind11;
 namespace dualemb_py {
 namespace {
 
-void check(int rc) {
-  if (rc == 0) return;
-  std::string msg = de_last_error();
-  if (de_last_error_kind() == DE_ERROR_NO_MEMORY) {
-    PyErr_SetString(PyExc_MemoryError, msg.c_str());
-    throw py::error_already_set();
-  }
-  if (msg.find("unknown table id") != std::string::npos) throw py::key_error(msg);
-  throw py::value_error(msg);
-}
 
 struct Packed : de_string_keys {
   std::string data;

@@ -120,6 +120,20 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def prepare_target(path: str) -> None:
+    """Checks that a save may write `path` (not a symbolic link; absent, empty, or a complete
+    checkpoint it replaces), makes its parent and removes stale leftovers of crashed saves."""
+    if os.path.islink(path):
+        raise CheckpointError(f"{path} is a symbolic link; save to the directory it points to "
+                              "(or remove the link)")
+    if os.path.lexists(path) and not (os.path.isdir(path) and
+                                      (is_complete(path) or not os.listdir(path))):
+        raise CheckpointError(f"{path} exists and is not a dualemb checkpoint; refusing to "
+                              "overwrite it")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    clean_stale(path)
+
+
 def clean_stale(path: str) -> None:
     """Removes temporary directories of crashed saves to `path` (this host, dead process), and the
     aside copy when `path` holds a complete checkpoint."""

@@ -49,15 +49,7 @@ def begin(path, token: int) -> str:
     """Coordinator: checks ``path`` as ``checkpoint.save`` does and creates the staging
     directory for ``token``. Returns its path."""
     path = _fs.normalize(path)
-    if os.path.islink(path):
-        raise CheckpointError(f"{path} is a symbolic link; save to the directory it points to "
-                              "(or remove the link)")
-    if os.path.lexists(path) and not (os.path.isdir(path) and
-                                      (_fs.is_complete(path) or not os.listdir(path))):
-        raise CheckpointError(f"{path} exists and is not a dualemb checkpoint; refusing to "
-                              "overwrite it")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    _fs.clean_stale(path)
+    _fs.prepare_target(path)
     staging = _staging_name(path, token)
     os.mkdir(staging, 0o755)
     return staging

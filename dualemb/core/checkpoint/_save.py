@@ -238,16 +238,7 @@ def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 
     dumps({"metadata": metadata})  # fail now, not after writing gigabytes
     infos = [(name, shards, _describe(name, shards)) for name, shards in plan]
 
-    if os.path.islink(path):
-        raise CheckpointError(f"{path} is a symbolic link; save to the directory it points to "
-                              "(or remove the link)")
-    if os.path.lexists(path) and not (os.path.isdir(path) and
-                                      (_fs.is_complete(path) or not os.listdir(path))):
-        raise CheckpointError(f"{path} exists and is not a dualemb checkpoint; refusing to "
-                              "overwrite it")
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    _fs.clean_stale(path)
+    _fs.prepare_target(path)
     tmp = _fs.make_tmp(path)
     try:
         manifest_tables = []
