@@ -10,8 +10,34 @@
 #include <thread>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
+
 namespace dualemb {
 namespace {
+
+// Helpers compute in the floating-point mode of the thread that called parallel_for. Threads
+// inherit the mode of the thread that created them, and frameworks run their own threads with
+// denormals flushed (XLA's and TF's pools set FTZ/DAZ): without this, a worker created during a
+// JAX call would flush subnormals forever while the caller's share of the same batch did not, so
+// a row's result would depend on which thread happened to take its shard.
+#if defined(__x86_64__) || defined(__i386__)
+constexpr unsigned kDenormalBits = 0x8040;  // MXCSR flush-to-zero (bit 15) | denormals-are-zero (6)
+unsigned denormal_mode() { return _mm_getcsr() & kDenormalBits; }
+struct ScopedDenormalMode {
+  explicit ScopedDenormalMode(unsigned mode) : saved(_mm_getcsr()) {
+    _mm_setcsr((saved & ~kDenormalBits) | mode);
+  }
+  ~ScopedDenormalMode() { _mm_setcsr(saved); }
+  unsigned saved;
+};
+#else
+unsigned denormal_mode() { return 0; }
+struct ScopedDenormalMode {
+  explicit ScopedDenormalMode(unsigned) {}
+};
+#endif
 
 // One parallel_for call: tasks are claimed from `next`; `done` counts finished tasks.
 struct Job {
@@ -22,8 +48,10 @@ struct Job {
   std::mutex mu;
   std::condition_variable cv;
   std::exception_ptr error;
+  unsigned fp_mode = 0;  // the caller's denormal mode (see ScopedDenormalMode)
 
   void run_tasks() {
+    ScopedDenormalMode mode(fp_mode);
     for (;;) {
       int64_t i = next.fetch_add(1);
       if (i >= num_tasks) return;
@@ -125,6 +153,7 @@ void parallel_for(int64_t num_tasks, int max_threads, const std::function<void(i
   auto job = std::make_shared<Job>();
   job->fn = &fn;
   job->num_tasks = num_tasks;
+  job->fp_mode = denormal_mode();
   if (t_scheduler.fn) {
     for (int i = 0; i < threads - 1; ++i)
       t_scheduler.fn(t_scheduler.context, run_external_helper, new std::shared_ptr<Job>(job));
