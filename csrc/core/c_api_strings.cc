@@ -190,14 +190,30 @@ void find(int64_t id, const void* keys, int64_t n, void* values, uint8_t* exists
   }
 }
 
+// A write that may add strings: maps them (adding the new ones), runs write(ids) -> evicted,
+// then compacts the map. If the write throws, the strings it added leave the map again unless
+// their row exists. The caller holds the map's exclusive lock.
+template <class Write>
+int64_t write_adding(TableRef& t, const std::vector<std::string_view>& sv, Write&& write) {
+  std::vector<int64_t> added;
+  const std::vector<int64_t> ids = ids_adding(*t.keys, sv, &added);
+  int64_t evicted = 0;
+  try {
+    evicted = write(ids);
+  } catch (...) {
+    roll_back(*t.keys, *t.storage, added);
+    throw;
+  }
+  maybe_compact(*t.keys, *t.storage);
+  return evicted;
+}
+
 int64_t find_or_insert(int64_t id, const void* keys, int64_t n, void* values, uint8_t* exists) {
   TableRef t = string_table(id);
   auto sv = read_keys(keys, n);
   require(values, n, "values");
   Exclusive lock(t.keys->mutex());
-  std::vector<int64_t> added;
-  auto ids = ids_adding(*t.keys, sv, &added);
-  try {
+  return write_adding(t, sv, [&](const std::vector<int64_t>& ids) {
     int64_t evicted = 0;
     const auto made = make_probed_rows(*t.storage, sv, ids, &evicted);
     std::vector<uint8_t> ex(n);
@@ -205,12 +221,8 @@ int64_t find_or_insert(int64_t id, const void* keys, int64_t n, void* values, ui
     if (exists)
       for (int64_t i = 0; i < n; ++i)
         exists[i] = ex[i] && !std::binary_search(made.begin(), made.end(), ids[i]);
-    maybe_compact(*t.keys, *t.storage);
     return evicted;
-  } catch (...) {
-    roll_back(*t.keys, *t.storage, added);
-    throw;
-  }
+  });
 }
 
 int64_t insert_or_assign(int64_t id, const void* keys, int64_t n, const void* values) {
@@ -218,16 +230,9 @@ int64_t insert_or_assign(int64_t id, const void* keys, int64_t n, const void* va
   auto sv = read_keys(keys, n);
   require(values, n, "values");
   Exclusive lock(t.keys->mutex());
-  std::vector<int64_t> added;
-  auto ids = ids_adding(*t.keys, sv, &added);
-  try {
-    int64_t evicted = t.storage->insert_or_assign(ids.data(), n, values);
-    maybe_compact(*t.keys, *t.storage);
-    return evicted;
-  } catch (...) {
-    roll_back(*t.keys, *t.storage, added);
-    throw;
-  }
+  return write_adding(t, sv, [&](const std::vector<int64_t>& ids) {
+    return t.storage->insert_or_assign(ids.data(), n, values);
+  });
 }
 
 int64_t accum(int64_t id, const void* keys, int64_t n, const void* deltas,
@@ -286,18 +291,12 @@ int64_t apply_gradients(int64_t id, const void* keys, int64_t n, const void* gra
   static const std::string kNone = ",\"optimizer\":null}";
   if (d.size() >= kNone.size() && d.compare(d.size() - kNone.size(), kNone.size(), kNone) == 0)
     throw std::invalid_argument("this table has no optimizer attached");
-  std::vector<int64_t> added;
-  auto ids = ids_adding(*t.keys, sv, &added);
-  try {
+  return write_adding(t, sv, [&](const std::vector<int64_t>& ids) {
     int64_t evicted = 0;
     make_probed_rows(*t.storage, sv, ids, &evicted);
     evicted += t.storage->apply_gradients(ids.data(), n, static_cast<const float*>(grads), lr, step);
-    maybe_compact(*t.keys, *t.storage);
     return evicted;
-  } catch (...) {
-    roll_back(*t.keys, *t.storage, added);
-    throw;
-  }
+  });
 }
 
 int64_t restrict_rows(int64_t id, int64_t num_reserved, int32_t policy, const void* keys,
@@ -367,18 +366,10 @@ int64_t import_rows(int64_t id, const void* keys, int64_t n, const void* values,
   auto sv = read_keys(keys, n);
   require(values, n, "values");
   Exclusive lock(t.keys->mutex());
-  std::vector<int64_t> added;
-  auto ids = ids_adding(*t.keys, sv, &added);
-  try {
-    int64_t evicted = t.storage->import_rows(ids.data(), n, values,
-                                             slots,
-                                             slots ? num_slots : -1, last_update, update_count);
-    maybe_compact(*t.keys, *t.storage);
-    return evicted;
-  } catch (...) {
-    roll_back(*t.keys, *t.storage, added);
-    throw;
-  }
+  return write_adding(t, sv, [&](const std::vector<int64_t>& ids) {
+    return t.storage->import_rows(ids.data(), n, values, slots, slots ? num_slots : -1,
+                                  last_update, update_count);
+  });
 }
 
 void initial_values(int64_t id, const void* keys, int64_t n, void* values) {
