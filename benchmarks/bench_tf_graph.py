@@ -30,6 +30,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from tensorflow.python.eager import context  # noqa: E402  (async_wait: no public equivalent)
 
 import dualemb.tf as de  # noqa: E402
 from dualemb.core import Table  # noqa: E402
@@ -101,9 +102,11 @@ def time_cell(fns: dict, rounds: int, inner: int) -> dict:
             f = fns[name]
             t0 = time.perf_counter()
             for _ in range(inner):
-                out = f()
-            if isinstance(out, tf.Tensor):
-                out.numpy()  # the last result is ready (eager ops may run async)
+                f()
+            # Every call has finished: eager CPU ops run synchronously unless async mode is on
+            # (then this waits for them). No `.numpy()` of the result: converting a 16 MB
+            # result would add a copy the core side does not pay.
+            context.async_wait()
             samples[name].append((time.perf_counter() - t0) / inner)
     med = {n: statistics.median(s) for n, s in samples.items()}
     return {"median_ms": {n: m * 1e3 for n, m in med.items()},
@@ -137,7 +140,8 @@ def main() -> None:
                 v_np = rng.standard_normal((b, dim), np.float32) * np.float32(1e-3)
                 e_np = np.ones(b, bool)
                 fns = callables(op, var, table, handle, k_np, v_np, e_np, dim)
-                inner = max(1, 20_000 // b)
+                # >= 5 calls per sample: one call of a big batch is too short a sample to time alone.
+                inner = max(5, 200_000 // b)
                 cell = time_cell(fns, args.rounds, inner)
                 out["cells"][f"{op}/d{dim}/b{b}"] = cell
                 m = cell["median_ms"]
