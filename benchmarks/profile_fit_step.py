@@ -62,18 +62,14 @@ def op_times(logdir: str) -> dict:
     return by_type
 
 
-def graph_op_counts(model) -> dict:
-    """Op type -> count over the traced train function(s) of ``model`` and every function in
-    their library (the step's nested functions)."""
-    fn = model.train_function
-    concrete = fn._list_all_concrete_functions() if hasattr(fn, "_list_all_concrete_functions") \
-        else []
-    counts = collections.Counter()
-    for cf in concrete:
-        graph_def = cf.graph.as_graph_def()
-        counts.update(node.op for node in graph_def.node)
-        for f in graph_def.library.function:
-            counts.update(node.op for node in f.node_def)
+def graph_op_counts(model, element_spec) -> dict:
+    """Op type -> count in ``model.train_step`` traced for one batch of ``element_spec`` (what
+    ``fit`` runs per step), the functions it calls included."""
+    concrete = tf.function(model.train_step).get_concrete_function(element_spec)
+    graph_def = concrete.graph.as_graph_def()
+    counts = collections.Counter(node.op for node in graph_def.node)
+    for f in graph_def.library.function:
+        counts.update(node.op for node in f.node_def)
     return dict(counts.most_common())
 
 
@@ -111,7 +107,7 @@ def main() -> None:
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
     steps = args.steps
-    graph_ops = graph_op_counts(model)
+    graph_ops = graph_op_counts(model, ds.element_spec)
     ours = {k: v for k, v in by_type.items() if k.startswith("Dualemb")}
     total_ops = sum(by_type.values())
     ours_s = sum(ours.values())
