@@ -4,8 +4,10 @@ The model and data are compare_tfra.py's (``tfra_worker.build_fit_model`` / ``fi
 features over 10M ids, one ``dualemb.tf.keras.layers.Embedding(16)`` each, MLP, batch 4,096, Adam
 in ``DynamicEmbeddingOptimizer``). After an untimed warm-up fit, one ``model.fit`` of --steps
 steps runs under ``tf.profiler``; the trace's host events are grouped by op type. Reported:
-wall time per step, the summed time of dualemb's own ops (``Dualemb*`` kernels) per step and its
-share of the step's wall time and of all op time, and the op types that take the most time.
+wall time and process CPU time (all threads) per step, the summed time of dualemb's own ops
+(``Dualemb*`` kernels) per step and its share of the step's wall time and of all op time, the op
+types that take the most time, and the op types of the traced train function (its graph and the
+functions it calls: what the layers and the optimizer add to a step).
 
     DUALEMB_NATIVE_DIR=build/x/dualemb PYTHONPATH=. python benchmarks/profile_fit_step.py [--steps 20]
 """
@@ -60,6 +62,17 @@ def op_times(logdir: str) -> dict:
     return by_type
 
 
+def graph_op_counts(model, element_spec) -> dict:
+    """Op type -> count in ``model.train_step`` traced for one batch of ``element_spec`` (what
+    ``fit`` runs per step), the functions it calls included."""
+    concrete = tf.function(model.train_step).get_concrete_function(element_spec)
+    graph_def = concrete.graph.as_graph_def()
+    counts = collections.Counter(node.op for node in graph_def.node)
+    for f in graph_def.library.function:
+        counts.update(node.op for node in f.node_def)
+    return dict(counts.most_common())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=20)
@@ -85,20 +98,23 @@ def main() -> None:
         tf.profiler.experimental.start(
             logdir, options=tf.profiler.experimental.ProfilerOptions(host_tracer_level=2,
                                                                      python_tracer_level=0))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         model.fit(ds, steps_per_epoch=args.steps, epochs=1, verbose=0)
         wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         tf.profiler.experimental.stop()
         by_type = op_times(logdir)
     finally:
         shutil.rmtree(logdir, ignore_errors=True)
     steps = args.steps
+    graph_ops = graph_op_counts(model, ds.element_spec)
     ours = {k: v for k, v in by_type.items() if k.startswith("Dualemb")}
     total_ops = sum(by_type.values())
     ours_s = sum(ours.values())
     out = {
         "spec": spec, "steps": steps, "with_unique": not args.no_unique, "load_avg_start": load0, "load_avg_end": os.getloadavg(),
         "step_wall_ms": wall / steps * 1e3,
+        "step_process_cpu_ms": cpu / steps * 1e3,
         "dualemb_ops_ms_per_step": ours_s / steps * 1e3,
         "dualemb_share_of_step_wall": ours_s / wall,
         "all_ops_ms_per_step": total_ops / steps * 1e3,
@@ -107,11 +123,14 @@ def main() -> None:
                                             sorted(ours.items(), key=lambda kv: -kv[1])},
         "top_op_types_ms_per_step": {k: v / steps * 1e3 for k, v in
                                      by_type.most_common(args.top)},
+        "train_graph_ops": sum(graph_ops.values()),
+        "train_graph_op_types": graph_ops,
         "note": "op times are summed over threads (ops run in parallel on the inter-op pool), "
                 "so shares of op time are the meaningful figure; the whole fit runs under the "
                 "profiler, which adds its own overhead.",
     }
-    print(f"step {out['step_wall_ms']:.1f} ms wall; dualemb ops {out['dualemb_ops_ms_per_step']:.2f}"
+    print(f"step {out['step_wall_ms']:.1f} ms wall, {out['step_process_cpu_ms']:.1f} ms CPU; "
+          f"{out['train_graph_ops']} ops in the train graph; dualemb ops {out['dualemb_ops_ms_per_step']:.2f}"
           f" ms/step = {out['dualemb_share_of_step_wall']:.1%} of wall, "
           f"{out['dualemb_share_of_op_time'] or 0:.1%} of all op time; load {load0[0]:.2f}",
           file=sys.stderr)

@@ -68,6 +68,16 @@ def dense_ids(params, ids, fn):
 
 
 def reshape_rows(rows, ids, dim):
+    """rows [n, dim] -> ids.shape + [dim]."""
+    inner = ids.shape[1:]
+    if ids.shape.rank is not None and inner.is_fully_defined() and all(s > 0 for s in inner):
+        # Only the batch size unknown (Keras inputs): a constant target shape, without the
+        # Shape and ConcatV2 ops of the general case in every step's graph. (-1 cannot stand
+        # for a dimension beside a 0.)
+        target = [-1] + inner.as_list() + [dim] if ids.shape.rank > 0 else [dim]
+        out = tf.reshape(rows, target)
+        out.set_shape(ids.shape.concatenate([dim]))
+        return out
     out = tf.reshape(rows, tf.concat([tf.shape(ids), [dim]], 0))
     out.set_shape(ids.shape.concatenate([dim]))
     return out

@@ -18,8 +18,10 @@ import warnings
 
 import tensorflow as tf
 
+from dualemb.core.spec import from_spec
 from dualemb.tf import creators as de_creators
 from dualemb.tf import policies as de_policies
+from dualemb.tf import remote_shards
 from dualemb.tf.distribute import alltoall, replica_shards
 from dualemb.tf.lookup import embedding_lookup, embedding_lookup_unique
 from dualemb.tf.row_lookup import compute_dtype
@@ -49,6 +51,13 @@ def _deserialize_creator(config):
     return getattr(de_creators, config["class_name"])(config=cfg)
 
 
+def _in_process_memory(shard) -> bool:
+    """Whether a Variable shard's table is an in-memory table of this process (not Redis, not a
+    table on another task such as a parameter server)."""
+    return (from_spec(shard.config).get("backend", "memory") == "memory"
+            and remote_shards.is_local(shard.table_id))
+
+
 class EmbeddingLogic:
     """A Keras embedding layer backed by a dynamic embedding table: any integer ids, no
     vocabulary, no collisions. ``call(ids)`` returns ``ids.shape + [embedding_size]`` (a
@@ -62,7 +71,10 @@ class EmbeddingLogic:
         Keras, i.e. mean 0, stddev 0.05, with the seed derived from the variable name).
       devices: one table shard per entry.
       name: layer name; the Variable is ``name + "-parameter"``.
-      with_unique: look each distinct id up once per batch (``embedding_lookup_unique``).
+      with_unique: look each distinct id up once per batch (``embedding_lookup_unique``) where
+        a lookup is a round trip (Redis tables, shards on other tasks); tables in this
+        process' memory read duplicates directly, with the same rows and gradients (see
+        ``_unique_pays``).
       all_to_all (keyword): made inside the scope of a ``MirroredStrategy`` or
         ``MultiWorkerMirroredStrategy`` with several replicas, each replica owns one shard (one
         table per local replica, on its device, unless ``devices`` is given) and a lookup in a
@@ -142,6 +154,8 @@ class EmbeddingLogic:
             bp_v2=bp_v2, short_file_name=short_file_name)
         if exchange is not None:
             replica_shards.mark(self.params, exchange.size, exchange.strategy)
+        # Read once: a Variable keeps its shards for life.
+        self._tables_in_memory = all(_in_process_memory(s) for s in self.params.tables)
         self._shadow_name = f"{name}-shadow"
 
     def build(self, input_shape=None):
@@ -194,8 +208,31 @@ class EmbeddingLogic:
         position = alltoall.replica_position() if self.all_to_all else None
         if position is not None:  # in a replica of a multi-replica strategy
             return self._exchange_lookup(ids, *position)
-        fn = embedding_lookup_unique if self.with_unique else embedding_lookup
+        fn = embedding_lookup_unique if self._unique_pays() else embedding_lookup
         return fn(self.params, ids, name=self._shadow_name, max_norm=self.max_norm)
+
+    def _unique_pays(self) -> bool:
+        """Whether ``with_unique`` reads each distinct id once (``tf.unique``, then a
+        ``tf.gather`` of the rows forward and of the keys backward).
+
+        That pays where a read is a round trip: a Redis table, or a shard living in another
+        process (a parameter server). A table in this process' memory reads a duplicate id
+        faster than ``tf.unique`` + ``tf.gather`` cost (2.9-9.6 ms of a 16-38 ms ``fit`` step in
+        docs/benchmarks.md), so there it is read per occurrence. Nothing observable changes:
+        initial rows are a pure function of the key, so duplicates read the same row; and the
+        optimizer gets the same gradient, element for element — the gather's gradient is the
+        per-occurrence row gradients in occurrence order, indexed by the gathered positions,
+        which the key-gradient op maps back to the keys (``trainable.py``), exactly the keys and
+        values the per-occurrence read gives. Kept where that would not hold bit for bit: a
+        ``max_norm`` clip (its backward pass would then see each occurrence's gradient rather
+        than their sum), and a ``ShadowVariable`` registered under the layer's name (it records
+        the distinct ids, as TFRA's does)."""
+        if not self.with_unique:
+            return False
+        if self.max_norm is not None or hasattr(
+                self.params.get_trainable_by_name(self._shadow_name), "_record_lookup"):
+            return True
+        return not self._tables_in_memory
 
     def _exchange_lookup(self, ids, replica, num_replicas):
         exchange = self._exchange
