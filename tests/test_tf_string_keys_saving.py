@@ -230,6 +230,32 @@ def test_saved_model_serves_strings_in_fresh_process(tmp_path):
         de.enable_train_mode()
 
 
+_SERVE_EXPORT = r"""
+import sys, numpy as np, tensorflow as tf
+import dualemb.tf  # registers the dualemb ops
+path, keys_file, out = sys.argv[1:4]
+keys = tf.io.parse_tensor(tf.io.read_file(keys_file), tf.string)
+loaded = tf.saved_model.load(path)  # kept alive: it owns the tables the function reads
+np.save(out, loaded.serve(tf.reshape(keys, [-1, 2])).numpy())
+"""
+
+
+def test_keras_export_serves_strings_in_fresh_process(tmp_path):
+    model = trained_model()
+    keys = VOCAB + ABSENT[:1]
+    x = tf.reshape(tf.constant(keys, tf.string), [-1, 2])
+    de.enable_inference_mode()
+    try:
+        model.export(str(tmp_path / "exported"), verbose=False)
+        want = model(x, training=False).numpy()
+    finally:
+        de.enable_train_mode()
+    _write_keys(tmp_path / "keys.pb", keys)
+    _fresh_process(_SERVE_EXPORT, tmp_path / "exported", tmp_path / "keys.pb",
+                   tmp_path / "out.npy")
+    np.testing.assert_array_equal(np.load(tmp_path / "out.npy"), want)
+
+
 # ---- the common checkpoint format ---------------------------------------------------------------
 
 _LOAD_COMMON = r"""
