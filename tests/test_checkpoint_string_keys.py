@@ -89,3 +89,38 @@ def test_int_and_string_checkpoints_do_not_mix(tmp_path):
     assert strings.size() == 0
     with pytest.raises(checkpoint.CheckpointError, match="string keys"):
         checkpoint.load(tmp_path / "s", num_shards=2)
+
+
+def _by_length(keys, n):
+    return np.array([len(k) % n for k in keys], np.int64)
+
+
+def test_load_into_several_shards_with_a_partitioner(tmp_path):
+    """Strings route only by a partitioner the caller gives (the TF Variable passes its
+    to_hash_bucket_fast); every row lands in the shard it names, with its slots."""
+    src = _filled()
+    checkpoint.save(tmp_path / "ck", {"emb": src}, page_rows=50)
+    live = [Table(3, key_dtype="string", optimizer="adam") for _ in range(3)]
+    live[0].insert_or_assign([b"stale"], np.ones((1, 3), np.float32))
+    checkpoint.load(tmp_path / "ck", {"emb": live}, partitioner=_by_length)
+    want = _rows(src)
+    got = {}
+    for j, t in enumerate(live):
+        rows = _rows(t)
+        assert all(len(k) % 3 == j for k in rows)
+        got.update(rows)
+    assert sorted(got) == sorted(want)
+    for k in want:
+        np.testing.assert_array_equal(got[k][0], want[k][0])
+        np.testing.assert_array_equal(got[k][1], want[k][1])
+    # New tables too (num_shards with a partitioner).
+    made = checkpoint.load(tmp_path / "ck", num_shards=2, partitioner=_by_length).tables["emb"]
+    assert sorted(k for t in made for k in _rows(t)) == sorted(want)
+    # A partitioner out of range is refused before any live table changes.
+    def plain(t):
+        return {k: (v.tolist(), s.tolist(), c) for k, (v, s, c) in _rows(t).items()}
+
+    before = [plain(t) for t in live]
+    with pytest.raises(checkpoint.CheckpointError, match="outside"):
+        checkpoint.load(tmp_path / "ck", {"emb": live}, partitioner=lambda k, n: _by_length(k, 5))
+    assert [plain(t) for t in live] == before

@@ -404,3 +404,57 @@ def test_embedding_update_without_step_raises_under_ps(tmp_path, one_ps_cluster)
     assert "step=step" in str(state["error"])
     for i in range(int(state["num_shards"])):
         assert state[f"shard{i}_keys"].size == 0  # nothing was looked up or applied
+
+
+# ---- string keys ------------------------------------------------------------------------------
+
+def string_rows_by_key(state):
+    """key bytes -> (row, slots, shard index), over every shard of a --string-keys result."""
+    from dualemb.core import _string_keys
+    out = {}
+    for i in range(int(state["num_shards"])):
+        keys = _string_keys.unpack(state[f"shard{i}_key_offsets"], state[f"shard{i}_key_bytes"])
+        for k, v, s in zip(keys, state[f"shard{i}_values"], state[f"shard{i}_slots"]):
+            assert k not in out, f"key {k!r} in two shards"
+            out[k] = (v, s, i)
+    return out
+
+
+def assert_same_string_rows(got_state, want_state, num_shards):
+    """Same keys (those of the batches), same rows and Adam slots, every key in the shard TFRA's
+    string partitioner (tf.strings.to_hash_bucket_fast) names."""
+    import tensorflow as tf
+    sys.path.insert(0, os.path.dirname(JOB))
+    from ps_job import batches
+    keys = {k for ids, _ in batches(12, string_keys=True) for k in ids.ravel()}
+    got, want = string_rows_by_key(got_state), string_rows_by_key(want_state)
+    assert set(got) == set(want) == keys
+    assert any(k.endswith(b"\x00") for k in keys) and any(k[:1] == b"\xff" for k in keys)
+    ordered = sorted(got)
+    buckets = tf.strings.to_hash_bucket_fast(tf.constant(ordered, tf.string), num_shards).numpy()
+    for k, bucket in zip(ordered, buckets):
+        assert got[k][2] == bucket, k
+        np.testing.assert_array_equal(got[k][0], want[k][0], err_msg=f"row {k!r}")
+        np.testing.assert_array_equal(got[k][1], want[k][1], err_msg=f"Adam slots of {k!r}")
+
+
+@pytest.mark.timeout(400)
+def test_string_keys_one_worker_equals_single_process(tmp_path):
+    """key_dtype=tf.string under ParameterServerStrategy: shards on the PS tasks, string ids
+    routed by to_hash_bucket_fast, rows and Adam slots equal to the single-process run; the
+    job's TF checkpoint and de.save (gathered from the PS tasks) restore into one process."""
+    single = run_job(tmp_path / "single.npz", "--string-keys")
+    with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
+        state = run_job(tmp_path / "ps.npz", "--string-keys", "--save-dir",
+                        str(tmp_path / "save"), cluster=cluster)
+    assert str(state["shard1_device"]) == "/job:ps/replica:0/task:1/device:CPU:0"
+    assert not state["shard_in_chief_process"].any()
+    assert_same_string_rows(state, single, 2)
+    np.testing.assert_array_equal(state["dense0"], single["dense0"])
+    import tensorflow as tf
+    sys.path.insert(0, os.path.dirname(JOB))
+    from ps_job import Job
+    for kind in ("tf", "common"):
+        job = Job("dense", "adam", local_shards=3, key_dtype=tf.string)
+        job.restore(str(tmp_path / "save"), kind)
+        assert_same_string_rows(job.table_state(), state, 3)

@@ -303,3 +303,115 @@ def test_load_into_dualemb_tf_variable():
     assert int(var.size()) == len(keys)
     got = var.lookup(tf.constant(keys)).numpy()
     np.testing.assert_array_equal(bits(got), bits(entry["values"]))
+
+
+# ---- string keys ---------------------------------------------------------------------------------
+
+STRING_FIX = "tf2_checkpoint_string"
+
+
+def _cat_hex(shards, dim):
+    keys = np.empty(sum(len(s["keys_hex"]) for s in shards), object)
+    keys[:] = [bytes.fromhex(k) for s in shards for k in s["keys_hex"]]
+    values = np.array([r for s in shards for r in s["values"]], np.float32).reshape(-1, dim)
+    return keys, values
+
+
+def test_read_string_key_checkpoint_matches_tfra_export():
+    """A TFRA de.Variable(key_dtype=tf.string) checkpoint: keys are the exact bytes (NULs,
+    non-UTF-8, empty), in TFRA's export order, rows and Adam slots bit for bit."""
+    pytest.importorskip("tensorflow")
+    (name, exp), = expected(STRING_FIX).items()
+    data = migrate.read_tfra_checkpoint(os.path.join(FIX, STRING_FIX, "ckpt-1"))
+    assert sorted(data) == [name]
+    entry = data[name]
+    keys, values = _cat_hex(exp["shards"], exp["dim"])
+    assert entry["keys"].dtype == object and entry["num_shards"] == exp["num_shards"]
+    assert entry["keys"].tolist() == keys.tolist()
+    assert {b"", b"\x00", b"a\x00", b"\xff\xfe"} <= set(keys.tolist())
+    np.testing.assert_array_equal(bits(entry["values"]), bits(values))
+    assert sorted(entry["slots"]) == sorted(exp["slots"]) == ["m", "v"]
+    pos = {k: i for i, k in enumerate(entry["keys"].tolist())}
+    for slot, sexp in exp["slots"].items():
+        skeys, svalues = _cat_hex(sexp["shards"], exp["dim"])
+        rows = np.array([pos[k] for k in skeys.tolist()])
+        np.testing.assert_array_equal(bits(entry["slots"][slot][rows]), bits(svalues))
+        assert entry["slot_exists"][slot].sum() == len(skeys) > 0
+    assert entry["step"] == exp["step"]
+
+
+def test_load_string_keys_with_adam_slots_routes_like_tfra():
+    tf = pytest.importorskip("tensorflow")
+    (name, _), = expected(STRING_FIX).items()
+    entry = migrate.read_tfra_checkpoint(os.path.join(FIX, STRING_FIX))[name]
+    tables = [Table(4, key_dtype="string", optimizer="adam") for _ in range(3)]
+    try:
+        report = migrate.load_tfra_into(tables, entry)
+        assert "momentum" in report["slots"] and report["step"] == entry["step"]
+        keys = entry["keys"]
+        # The default partitioner for strings is TFRA's: to_hash_bucket_fast.
+        owner = tf.strings.to_hash_bucket_fast(tf.constant(keys, tf.string), 3).numpy()
+        assert report["rows"] == [int((owner == s).sum()) for s in range(3)]
+        trained = entry["slot_exists"]["m"]
+        assert 0 < trained.sum() < len(keys)
+        for s, t in enumerate(tables):
+            page = t.export()
+            pos = {k: i for i, k in enumerate(page["keys"].tolist())}
+            assert len(pos) == report["rows"][s]
+            for i in np.nonzero(owner == s)[0]:
+                row = pos[keys[i]]
+                np.testing.assert_array_equal(bits(page["values"][row]), bits(entry["values"][i]))
+                m, v = page["slots"][row]
+                if trained[i]:
+                    np.testing.assert_array_equal(bits(m), bits(entry["slots"]["m"][i]))
+                    np.testing.assert_array_equal(bits(v), bits(entry["slots"]["v"][i]))
+                else:
+                    assert not m.any() and not v.any()
+    finally:
+        for t in tables:
+            t.destroy()
+
+
+def test_load_string_keys_into_dualemb_tf_variable_and_common_format(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    import dualemb.tf as de
+    from dualemb.core import checkpoint as core_ckpt
+    (name, _), = expected(STRING_FIX).items()
+    data = migrate.read_tfra_checkpoint(os.path.join(FIX, STRING_FIX))
+    entry = data[name]
+    var = de.Variable(key_dtype=tf.string, dim=4, devices=["/CPU:0"] * 2, name="migrated_names")
+    migrate.load_tfra_into(var, data, slots=False)
+    keys = tf.constant(entry["keys"], tf.string)
+    assert int(var.size()) == len(entry["keys"])
+    np.testing.assert_array_equal(bits(var.lookup(keys).numpy()), bits(entry["values"]))
+    # ... and on into the common format, which reads back the same strings and rows.
+    de.save(var, tmp_path / "common")
+    t = core_ckpt.load(tmp_path / "common").tables["migrated_names"]
+    try:
+        page = t.export()
+        got = dict(zip(page["keys"].tolist(), page["values"]))
+        assert sorted(got) == sorted(entry["keys"].tolist())
+        for k, row in zip(entry["keys"].tolist(), entry["values"]):
+            np.testing.assert_array_equal(bits(got[k]), bits(row))
+    finally:
+        t.destroy()
+
+
+def test_string_keys_into_integer_table_are_refused():
+    (name, _), = expected(STRING_FIX).items()
+    pytest.importorskip("tensorflow")
+    entry = migrate.read_tfra_checkpoint(os.path.join(FIX, STRING_FIX))[name]
+    t = Table(4)
+    try:
+        with pytest.raises(TypeError, match="string keys but live table .* int64 keys"):
+            migrate.load_tfra_into(t, entry, slots=False)
+        assert t.size() == 0
+    finally:
+        t.destroy()
+
+
+@pytest.mark.parametrize("key_dtype", ["string", object, bytes])
+def test_file_system_of_string_keys_is_refused(key_dtype):
+    # TFRA dumps string keys as raw tstring structs (pointers for long keys): unreadable.
+    with pytest.raises(TypeError, match="tf.train.Checkpoint"):
+        migrate.read_tfra_file_system(os.path.join(FIX, "file_system"), key_dtype=key_dtype)

@@ -60,3 +60,35 @@ def fingerprints(keys) -> np.ndarray:
     arr = as_string_keys(keys)
     flat = np.require(arr.reshape(-1), requirements="C")
     return load_extension("_core").string_fingerprints(flat).reshape(arr.shape)
+
+
+def pack(keys) -> tuple[np.ndarray, np.ndarray]:
+    """String keys as two numeric arrays, for stores that hold no strings (HDF5 via Keras,
+    safetensors): ``offsets`` (int64 [n + 1], key i is ``data[offsets[i]:offsets[i + 1]]``,
+    ``offsets[0] == 0``) and ``data`` (uint8, the keys' bytes concatenated). The common
+    checkpoint format's ``key_offsets`` / ``key_bytes`` encoding (docs/checkpoint_format.md)."""
+    flat = as_string_keys(keys).reshape(-1)
+    offsets = np.zeros(len(flat) + 1, np.int64)
+    if len(flat):
+        offsets[1:] = np.cumsum(np.fromiter((len(k) for k in flat), np.int64, len(flat)))
+    data = np.frombuffer(b"".join(flat.tolist()), np.uint8).copy()
+    return offsets, data
+
+
+def unpack(offsets, data, where: str = "string keys") -> np.ndarray:
+    """The inverse of :func:`pack`: an object array of bytes. Raises ValueError naming ``where``
+    for offsets that are not non-decreasing from 0 to ``len(data)`` (a corrupt store)."""
+    offsets = np.asarray(offsets)
+    data = np.asarray(data)
+    if offsets.ndim != 1 or offsets.dtype.kind not in "iu" or data.ndim != 1 \
+            or data.dtype != np.uint8:
+        raise ValueError(f"{where}: expected int64 offsets [n + 1] and uint8 bytes, got "
+                         f"{offsets.dtype} {offsets.shape} and {data.dtype} {data.shape}")
+    if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(data) \
+            or np.any(np.diff(offsets) < 0):
+        raise ValueError(f"{where}: the key offsets are not non-decreasing offsets from 0 to "
+                         f"the {len(data)} key bytes")
+    raw = data.tobytes()
+    out = np.empty(len(offsets) - 1, object)
+    out[:] = [raw[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:])]
+    return out

@@ -3,7 +3,10 @@ of a DE layer's ``save_own_variables`` / ``load_own_variables``.
 
 A layer's store gets its Keras variables exactly as Keras writes them ("0", "1", ...) and, per
 de.Variable the layer holds, the tensors of ``dualemb.tf.variable_state`` as
-``dualemb.<j>.<field>``. See docs/tf_saving.md.
+``dualemb.<j>.<field>``. Keras' stores hold numeric arrays only (HDF5 has no variable-length
+bytes that keep NULs through Keras), so the keys of a string-keyed Variable are stored as
+``dualemb.<j>.key_offsets`` + ``dualemb.<j>.key_bytes`` instead of ``dualemb.<j>.keys``, the
+common checkpoint format's encoding. See docs/tf_saving.md.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from dualemb.core import _string_keys
 from dualemb.core.checkpoint import CheckpointError
 from dualemb.tf import variable_state as state
 from dualemb.tf.trainable import is_trainable_wrapper
@@ -21,6 +25,8 @@ from dualemb.tf.variable import Variable
 
 # Keras stores: DE entries are named "dualemb.<j>.<field>", next to Keras' own "0", "1", ...
 _STORE_PREFIX = "dualemb."
+# The two entries that replace "keys" for a string-keyed Variable.
+_KEY_OFFSETS, _KEY_BYTES = "key_offsets", "key_bytes"
 
 
 def own_de_variables(layer) -> list:
@@ -66,7 +72,13 @@ def layer_save_own_variables(layer, store) -> None:
     for j, var in enumerate(_saved_de_variables(layer)):
         tensors = state.export_tensors(var)
         for f in state.FIELDS:
-            store[f"{_STORE_PREFIX}{j}.{f}"] = tensors[f].numpy()
+            value = tensors[f].numpy()
+            if f == "keys" and tensors[f].dtype == tf.string:
+                offsets, data = _string_keys.pack(value)
+                store[f"{_STORE_PREFIX}{j}.{_KEY_OFFSETS}"] = offsets
+                store[f"{_STORE_PREFIX}{j}.{_KEY_BYTES}"] = data
+                continue
+            store[f"{_STORE_PREFIX}{j}.{f}"] = value
         meta = tensors[state.META].numpy()
         store[f"{_STORE_PREFIX}{j}.{state.META}"] = np.frombuffer(meta, np.uint8).copy()
 
@@ -92,18 +104,33 @@ def layer_load_own_variables(layer, store) -> None:
     restored = []
     for j, var in enumerate(de_vars):
         where = f"loading layer {layer.name!r} de.Variable {var.name!r}"
-        dtypes = state.dtypes_of(var)
+        prefix = f"{_STORE_PREFIX}{j}."
         try:
-            t = {f: tf.convert_to_tensor(np.asarray(store[f"{_STORE_PREFIX}{j}.{f}"]), dtypes[f])
+            meta_bytes = np.asarray(store[prefix + state.META], np.uint8).tobytes()
+            # Dim and dtypes first: a file of another key dtype has other key entries.
+            facts = state.var_facts(var)
+            state.check_compatible(facts, state.parse_meta(meta_bytes, where), where)
+            t = {f: _read_field(store, prefix, f, state.dtypes_of(var)[f], where)
                  for f in state.FIELDS}
-            meta_bytes = np.asarray(store[f"{_STORE_PREFIX}{j}.{state.META}"], np.uint8).tobytes()
         except KeyError as e:
             raise CheckpointError(f"{where}: the saved state lacks {e}") from None
         t[state.META] = tf.constant(meta_bytes)
-        state.eager_checks(state.var_facts(var), t, where)
+        state.eager_checks(facts, t, where)
         restored.append((var, t))
     for i, v in enumerate(all_vars):
         if not is_trainable_wrapper(v):  # an anchor holds nothing; its table is imported below
             v.assign(store[f"{i}"])
     for var, t in restored:
         state.import_tensors(var, state.var_facts(var), t, [])
+
+
+def _read_field(store, prefix: str, field: str, dtype: tf.DType, where: str) -> tf.Tensor:
+    """One saved tensor of a de.Variable as ``dtype`` (string keys from their two entries)."""
+    if field == "keys" and dtype == tf.string:
+        try:
+            keys = _string_keys.unpack(np.asarray(store[prefix + _KEY_OFFSETS]),
+                                       np.asarray(store[prefix + _KEY_BYTES]), where)
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
+        return tf.constant(keys, tf.string)
+    return tf.convert_to_tensor(np.asarray(store[prefix + field]), dtype)

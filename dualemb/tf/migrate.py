@@ -25,7 +25,7 @@ What TFRA writes (TFRA 0.8.1):
 
 Each reader returns ``{variable_name: entry}`` for the primary (non-slot) variables, where entry is
 
-    {"keys": int64/int32 [n], "values": [n, dim], "dim": dim, "num_shards": N, "format": ...,
+    {"keys": int64/int32 [n] (string keys: an object array of bytes), "values": [n, dim], "dim": dim, "num_shards": N, "format": ...,
      "slots": {slot_name: [n, dim] aligned with keys}, "slot_exists": {slot_name: bool [n]},
      "step": optimizer iteration count or None}
 
@@ -100,11 +100,19 @@ def _unescape(local_name: str) -> str:
 
 
 def default_partition(keys: np.ndarray, num_shards: int) -> np.ndarray:
-    """TFRA's CPU `default_partition_fn` for integer keys: floored ``key mod num_shards``.
+    """TFRA's CPU `default_partition_fn`: floored ``key mod num_shards`` for integer keys,
+    ``tf.strings.to_hash_bucket_fast(keys, num_shards)`` for string keys (bytes).
 
     (TFRA's CUDA build masks int64 keys to 31 bits first; pass a custom partitioner for that.)
     """
-    return shard_of(np.asarray(keys), num_shards).astype(np.int64)
+    keys = np.asarray(keys)
+    if keys.dtype.kind in "OSU":
+        import tensorflow as tf
+        from dualemb.core._string_keys import as_string_keys
+        if not keys.size:
+            return np.zeros(keys.shape, np.int64)
+        return tf.strings.to_hash_bucket_fast(as_string_keys(keys), num_shards).numpy()
+    return shard_of(keys, num_shards).astype(np.int64)
 
 
 # ---- grouping variables into primaries and slots ---------------------------------------------
@@ -350,6 +358,14 @@ def read_tfra_file_system(dirpath: str, dim: int | None = None, key_dtype="int64
         if subs:
             subs.sort(key=lambda d: int(d.rsplit("-", 1)[1]) if "-" in d else -1)
             dirpath = os.path.join(dirpath, subs[-1])
+    if str(getattr(key_dtype, "name", key_dtype)) in ("string", "str", "bytes", "object") or \
+            key_dtype in (str, bytes, object):
+        # TFRA 0.8.1 dumps a string table's keys as raw in-memory tstring structs: the bytes of
+        # short keys inline, but only a pointer for keys over 22 bytes. Nothing can read that.
+        raise TypeError("FileSystemSaver files of string keys cannot be read: TFRA writes them "
+                        "as raw in-memory tstring structs (a pointer for keys longer than 22 "
+                        "bytes). Save the TFRA variable with tf.train.Checkpoint and read it "
+                        "with read_tfra_checkpoint")
     kd = np.dtype(key_dtype)
     if kd.kind != "i":
         raise TypeError(f"key_dtype must be int64 or int32, got {kd}")
@@ -530,7 +546,11 @@ def load_tfra_into(target, data, name: str | None = None,
     if values.ndim != 2 or values.shape[0] != keys.shape[0]:
         raise ValueError(f"values have shape {values.shape}, expected ({keys.shape[0]}, dim)")
     n_live = len(tables)
+    string_keys = keys.dtype.kind in "OSU"
     for t in tables:
+        if string_keys != (t.key_dtype_name == "string"):
+            raise TypeError(f"the TFRA variable has {'string' if string_keys else keys.dtype.name} "
+                            f"keys but live table {t.id} has {t.key_dtype_name} keys")
         if values.shape[0] and t.dim != values.shape[1]:
             raise ValueError(f"TFRA rows have dim {values.shape[1]} but live table {t.id} has "
                              f"dim {t.dim}")

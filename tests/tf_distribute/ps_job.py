@@ -4,7 +4,7 @@ never connected to a cluster).
 
     python tests/tf_distribute/ps_job.py --out result.npz [--cluster JSON] [--model dense|linear]
         [--optimizer adam|sgd] [--steps N] [--kill-worker-after K --marker FILE]
-        [--save-dir DIR [--save-after K]]
+        [--save-dir DIR [--save-after K]] [--string-keys]
 
 With ``--save-dir`` the trained job also writes ``DIR/tf/ckpt`` (a ``tf.train.Checkpoint`` of the
 model and optimizer) and ``DIR/common`` (``de.save``, step = --steps); under a cluster both gather
@@ -12,6 +12,10 @@ the rows from the PS tasks through the shards' handles. With ``--save-after K`` 
 step K instead (joining the coordinator first) and writes the state it saved to ``DIR/saved.npz``,
 then trains on. If a step fails (a PS killed), the result file holds only ``error`` and
 ``error_type`` and the job exits with status 3.
+
+With ``--string-keys`` the table has ``key_dtype=tf.string`` and every id ``k`` becomes the key
+:func:`string_key` (k); the result then holds each shard's keys as ``shard<i>_key_offsets`` +
+``shard<i>_key_bytes`` (npz holds no byte strings without pickling).
 
 The result file holds, per table shard: keys, values, slots and the device it lives on, plus the
 dense weights, so the test compares a cluster run with a single-process run row by row.
@@ -29,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 import dualemb.tf as de
+from dualemb.core import _string_keys
 from dualemb.tf import ops
 from dualemb.tf.distribute import placement, recovery
 
@@ -37,12 +42,25 @@ IDS_PER_EXAMPLE = 3
 BATCH = 16
 
 
-def batches(steps: int, seed: int = 0):
-    """Deterministic (ids [BATCH, 3] int64 incl. negative ids, labels [BATCH, 1] f32)."""
+def string_key(k: int) -> bytes:
+    """The string key of id k: some end in a NUL byte, some are not valid UTF-8."""
+    key = b"id:%d" % k
+    if k % 5 == 0:
+        key += b"\x00"
+    if k % 7 == 0:
+        key = b"\xff" + key
+    return key
+
+
+def batches(steps: int, seed: int = 0, string_keys: bool = False):
+    """Deterministic (ids [BATCH, 3] int64 incl. negative ids, labels [BATCH, 1] f32); with
+    ``string_keys`` the ids are the object array of their :func:`string_key`."""
     rng = np.random.default_rng(seed)
     for _ in range(steps):
         ids = rng.integers(-40, 160, size=(BATCH, IDS_PER_EXAMPLE)).astype(np.int64)
         labels = rng.normal(size=(BATCH, 1)).astype(np.float32)
+        if string_keys:
+            ids = np.array([[string_key(int(k)) for k in row] for row in ids], dtype=object)
         yield ids, labels
 
 
@@ -50,8 +68,9 @@ class Job:
     """The model, optimizer and train step; under ``strategy`` when one is given."""
 
     def __init__(self, model_kind: str, optimizer: str, strategy=None, shards_per_ps: int = 1,
-                 local_shards: int = 1):
+                 local_shards: int = 1, key_dtype=tf.int64):
         self.model_kind = model_kind
+        self.key_dtype = key_dtype
         scope = strategy.scope() if strategy is not None else tf.init_scope()
         devices = None
         if strategy is not None and shards_per_ps > 1:
@@ -60,9 +79,9 @@ class Job:
             devices = ["/CPU:0"] * local_shards
         with scope:
             self.embedding = de.keras.layers.SquashedEmbedding(
-                DIM, combiner="sum", devices=devices, name="emb",
+                DIM, combiner="sum", devices=devices, name="emb", key_dtype=key_dtype,
                 initializer=keras.initializers.RandomNormal(stddev=0.1))
-            inputs = keras.Input(shape=(IDS_PER_EXAMPLE,), dtype="int64")
+            inputs = keras.Input(shape=(IDS_PER_EXAMPLE,), dtype=key_dtype.name)
             pooled = self.embedding(inputs)
             if model_kind == "dense":
                 out = keras.layers.Dense(
@@ -126,8 +145,12 @@ class Job:
         out = {}
         var = self.embedding.params
         for i, shard in enumerate(var.tables):
-            page = ops.export_table(shard.resource, tf.int64, DIM)
-            out[f"shard{i}_keys"] = page["keys"].numpy()
+            page = ops.export_table(shard.resource, self.key_dtype, DIM)
+            if self.key_dtype == tf.string:
+                offsets, data = _string_keys.pack(page["keys"].numpy())
+                out[f"shard{i}_key_offsets"], out[f"shard{i}_key_bytes"] = offsets, data
+            else:
+                out[f"shard{i}_keys"] = page["keys"].numpy()
             out[f"shard{i}_values"] = page["values"].numpy()
             out[f"shard{i}_slots"] = page["slots"].numpy()
             out[f"shard{i}_update_count"] = page["update_count"].numpy()
@@ -139,9 +162,9 @@ class Job:
 
 
 def run_single(args):
-    job = Job(args.model, args.optimizer)
+    job = Job(args.model, args.optimizer, key_dtype=_key_dtype(args))
     step_fn = tf.function(job.replica_step)
-    for k, (ids, labels) in enumerate(batches(args.steps)):
+    for k, (ids, labels) in enumerate(batches(args.steps, string_keys=args.string_keys)):
         step_fn(tf.constant(ids), tf.constant(labels), tf.constant(k + 1, tf.int64))
     return job.table_state()
 
@@ -152,7 +175,8 @@ def run_cluster(args):
         tf.train.ClusterSpec(spec), rpc_layer="grpc", task_type="chief", task_id=0)
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    job = Job(args.model, args.optimizer, strategy, args.shards_per_ps)
+    job = Job(args.model, args.optimizer, strategy, args.shards_per_ps,
+              key_dtype=_key_dtype(args))
     if args.restore_dir:
         job.restore(args.restore_dir, args.restore_kind)
 
@@ -176,7 +200,7 @@ def run_cluster(args):
         return {**job.table_state(), "error": np.array(error)}
 
     try:
-        for k, (ids, labels) in enumerate(batches(args.steps)):
+        for k, (ids, labels) in enumerate(batches(args.steps, string_keys=args.string_keys)):
             coordinator.schedule(train_step, args=(tf.constant(ids), tf.constant(labels),
                                                    tf.constant(k + 1, tf.int64)))
             if args.save_dir and k + 1 == args.save_after:
@@ -212,6 +236,10 @@ def run_cluster(args):
     return state
 
 
+def _key_dtype(args):
+    return tf.string if args.string_keys else tf.int64
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -233,6 +261,7 @@ def main():
     p.add_argument("--pause-marker", default="")
     p.add_argument("--pause-seconds", type=float, default=20.0)
     p.add_argument("--marker", default="", help="file written mid-training; waits until removed")
+    p.add_argument("--string-keys", action="store_true", help="key_dtype=tf.string (string_key)")
     args = p.parse_args()
     state = run_cluster(args) if args.cluster else run_single(args)
     np.savez(args.out, **state)

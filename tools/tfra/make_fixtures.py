@@ -26,6 +26,9 @@ every table right after saving, so the tests can compare the importer's rows bit
                      `shard_upsert_restore` flags; rows are in `TFRADynamicEmbedding-<step>/`.
   file_system/       `Variable.save_to_file_system(dir)` of the tf2_checkpoint variable and of its
                      two slot variables (raw `<name>_mht_<i>of<N>_rank0_size1-keys|-values` files).
+  tf2_checkpoint_string/  like tf2_checkpoint, for `de.Variable("user/name_emb",
+                     key_dtype=tf.string)`: keys with NUL bytes, non-UTF-8 bytes, the empty
+                     string and long keys. expected.json holds each key as hex (`keys_hex`).
 """
 
 from __future__ import annotations
@@ -182,6 +185,64 @@ def part_eager(out: str) -> None:
                         note=f"prefix {saved}; model.fit 2 steps of 50 rows x 2 ids, tf_keras Adam")
 
 
+def _string_keys(n: int, seed: int):
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    keys = [b"", b"\x00", b"a\x00", b"\x00b", b"\xff\xfe", "\u00e9".encode(), b"url/" * 50]
+    keys += [b"user-%d" % i for i in rng.choice(10 ** 6, size=n - len(keys), replace=False)]
+    return keys
+
+
+def _export_string_var(var):
+    shards = []
+    for t in var.tables:
+        k, v = t.export()
+        shards.append({"keys_hex": [bytes(x).hex() for x in k.numpy()],
+                       "values": [[float(y) for y in row] for row in v.numpy()]})
+    return shards
+
+
+def part_strings(out: str) -> None:
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras
+    from tensorflow_recommenders_addons import dynamic_embedding as de
+
+    tf.random.set_seed(21)
+    keys = _string_keys(120, seed=22)
+    values = np.random.default_rng(23).standard_normal((len(keys), DIM)).astype(np.float32)
+    var = de.Variable(key_dtype=tf.string, value_dtype=tf.float32, dim=DIM, devices=DEVICES,
+                      name="user/name_emb",
+                      initializer=tf_keras.initializers.RandomNormal(seed=24))
+    var.upsert(tf.constant(keys, tf.string), tf.constant(values))
+    opt = de.DynamicEmbeddingOptimizer(tf_keras.optimizers.Adam(learning_rate=0.01))
+    # Two steps over 30 existing keys and 6 new ones (inserted by training).
+    batch = tf.constant(keys[:30] + [b"new-%d\x00" % i for i in range(6)], tf.string)
+    target = tf.constant(np.random.default_rng(25).standard_normal((36, DIM)).astype(np.float32))
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            emb = de.embedding_lookup(var, batch, name="lookup")
+            loss = tf.reduce_sum(tf.square(emb - target))
+        tw = var.get_trainable_by_name("lookup")
+        opt.apply_gradients(zip(tape.gradient(loss, [tw]), [tw]))
+    slots = var.get_slot_variables(opt)
+    path = os.path.join(out, "tf2_checkpoint_string")
+    _fresh(path)
+    cwd = os.getcwd()
+    os.chdir(path)
+    try:
+        saved = tf.train.Checkpoint(emb=var, opt=opt).save("ckpt")
+    finally:
+        os.chdir(cwd)
+    d = {"dim": DIM, "key_dtype": "string", "value_dtype": "float32", "num_shards": len(DEVICES),
+         "shards": _export_string_var(var), "slots": {}, "step": int(opt.iterations.numpy())}
+    for s in slots:
+        d["slots"][s.name.rsplit("/", 1)[-1]] = {"variable_name": s.name,
+                                                  "shards": _export_string_var(s)}
+    _write_expected(path, "tf.train.Checkpoint", {var.name: d},
+                    note=f"prefix {saved}; string keys; tf_keras Adam(0.01), 2 steps")
+
+
 def part_v1(out: str) -> None:
     import numpy as np
     import tensorflow as tf
@@ -228,19 +289,21 @@ def main() -> None:
     default_out = os.path.normpath(os.path.join(here, "..", "..", "tests", "fixtures", "tfra"))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=default_out)
-    ap.add_argument("--part", choices=("all", "eager", "v1"), default="all")
+    ap.add_argument("--part", choices=("all", "eager", "v1", "strings"), default="all")
     args = ap.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     if args.part == "all":
         # Graph mode is process-global in TF, so each part runs in its own process.
-        for part in ("eager", "v1"):
+        for part in ("eager", "v1", "strings"):
             subprocess.run([sys.executable, os.path.abspath(__file__), "--out", out,
                             "--part", part], check=True)
         total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
         print(f"fixtures in {out}: {total / 1024:.1f} KiB")
     elif args.part == "eager":
         part_eager(out)
+    elif args.part == "strings":
+        part_strings(out)
     else:
         part_v1(out)
 

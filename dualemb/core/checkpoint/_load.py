@@ -225,11 +225,31 @@ def _verify_all(jobs: list, pool: ThreadPoolExecutor) -> None:
         crcs[(id(r), tname)] = crc32_combine(prev, crc, hi - lo)
         job.counts += counts
     for job in jobs:
-        if _skeys.is_string(job.entry):  # one live table (checked in load): all rows go there
-            job.counts[0] = job.entry["rows"]
         for r in job.readers:
             for tname in r.entry["tensors"]:
                 r.check_crc(tname, crcs.get((id(r), tname), 0))
+        if _skeys.is_string(job.entry):
+            _count_string_routes(job)
+
+
+def _count_string_routes(job: _Job) -> None:
+    """Rows per live shard of a string table (its keys are not one fixed-width tensor that the
+    checksum pass could route): all rows for one live table, else the keys read again, page by
+    page (after their checksums passed), and routed by the table's partitioner."""
+    rows = int(job.entry["rows"])
+    if job.num_live == 1:
+        job.counts[0] = rows
+        return
+    page = 1 << 16
+    for r, s in zip(job.readers, job.entry["shards"]):
+        for row0 in range(0, int(s["rows"]), page):
+            m = min(page, int(s["rows"]) - row0)
+            try:
+                keys = _skeys.read_page(r, row0, m, f"table shard file {r.path}")
+            except _skeys.CorruptKeys as exc:
+                raise CheckpointError(str(exc)) from None
+            sid = _route(job.partitioner, keys, job.num_live, job.name)
+            job.counts += np.bincount(sid, minlength=job.num_live)
 
 
 def _check_distinct_live(jobs: list) -> None:
@@ -405,11 +425,14 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
                 n = int(num_shards or 1)
                 job = _Job(name, e, None, n, single=num_shards is None)
             job.partitioner = partitioners.get(name) or _default_partitioner
-            if _skeys.is_string(e) and (job.num_live > 1 or isinstance(job.partitioner, Subset)):
+            if _skeys.is_string(e) and (isinstance(job.partitioner, Subset) or (
+                    job.num_live > 1 and job.partitioner is _default_partitioner)):
                 raise CheckpointError(f"table {name!r} has string keys: it loads whole into one "
-                                      "live table (string keys are not routed across shards or "
-                                      "processes, so neither several live shards nor a Subset "
-                                      "partitioner can take it)")
+                                      "live table, or into several with a partitioner for "
+                                      "them (such as the dualemb.tf Variable's "
+                                      "to_hash_bucket_fast); dualemb.core has no default "
+                                      "routing for strings, and a Subset partitioner cannot "
+                                      "take them")
             jobs.append(job)
             _open_and_check(job, root)
         dense = load_dense_at(root, manifest)

@@ -115,7 +115,10 @@ class EmbeddingLogic:
                 if tf.as_dtype(key_dtype) == tf.string:
                     # TF's collective all-to-all moves numeric tensors only.
                     raise ValueError("an all-to-all embedding takes integer keys; "
-                                     "key_dtype=tf.string is not supported")
+                                     "key_dtype=tf.string is not supported (TF's collective "
+                                     "all-to-all moves numeric tensors only): use "
+                                     "ParameterServerStrategy, or hash the strings to int64 "
+                                     "ids first (tf.strings.to_hash_bucket_fast)")
                 exchange = alltoall.for_strategy(strategy)
                 if devices is None:  # one shard per local replica, on the replica's device
                     table_devices = list(strategy.extended.worker_devices)
