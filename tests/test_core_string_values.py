@@ -213,3 +213,43 @@ def test_refusals_name_the_dtype_and_leave_the_table_unchanged():
     with pytest.raises(TypeError):
         t.insert_or_assign([1], np.ones((1, 2), np.float32))
     assert _as_dict(t) == before
+
+
+def test_concurrent_writers_and_readers_see_only_whole_rows():
+    # Handles are reused as soon as a write frees them: a reader must never see a string that
+    # belongs to another key or a half-written row.
+    import threading
+
+    t = Table(2, value_dtype="string", initializer="none")
+    keys = np.arange(64, dtype=np.int64)
+    errors = []
+
+    def writer(w):
+        for it in range(60):
+            vals = np.array([[f"{k}:{w}:{it}".encode(), f"{k}:{w}:{it}".encode()] for k in keys],
+                            object)
+            t.insert_or_assign(keys[(w + it) % 2::2], vals[(w + it) % 2::2])
+            if it % 7 == 0:
+                t.erase(keys[it % 64: it % 64 + 3])
+
+    def reader():
+        for _ in range(150):
+            rows, exists = t.find(keys)
+            for k, row, e in zip(keys.tolist(), rows.tolist(), exists):
+                if not e:
+                    ok = row == [b"none", b"none"]
+                else:
+                    ok = row[0] == row[1] and row[0].startswith(f"{k}:".encode())
+                if not ok:
+                    errors.append((k, row))
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(3)] + \
+        [threading.Thread(target=reader) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    p = t.export()
+    assert all(v[0] == v[1] and v[0].startswith(f"{k}:".encode())
+               for k, v in zip(p["keys"].tolist(), p["values"].tolist()))
