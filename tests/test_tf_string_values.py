@@ -133,6 +133,11 @@ def test_refusals():
                 layer_cls(2, value_dtype=tf.string, trainable=trainable, name="strval_layer")
     with pytest.raises(ValueError, match="not valid UTF-8"):
         de.Variable(value_dtype=tf.string, dim=2, name="strval_bad_init", initializer=b"\xff")
+    sp = tf.SparseTensor([[0, 0], [0, 1]], tf.constant([1, 2], tf.int64), [1, 2])
+    with pytest.raises(TypeError, match="value_dtype string: sparse lookups"):
+        de.embedding_lookup_sparse(v, sp, None, combiner="sum")
+    # Dense lookups of string rows work (no combining).
+    assert de.embedding_lookup(v, tf.constant([[1]], tf.int64)).numpy().tolist() == [[[b"a", b"b"]]]
     assert _contents(v) == before
 
 
@@ -148,3 +153,29 @@ def test_jax_refuses_string_tables_clearly():
             dej.attach(t.id)
     finally:
         t.destroy()
+
+
+class _Served(tf.Module):
+    def __init__(self):
+        self.v = de.Variable(value_dtype=tf.string, dim=DIM, name="strval_saved", initializer="q")
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)])
+    def __call__(self, k):
+        return self.v.lookup(k)
+
+
+def test_saved_model_serves_string_rows_in_a_fresh_process(tmp_path):
+    import subprocess
+    import sys
+
+    m = _Served()
+    m.v.upsert(tf.constant([1, 2], tf.int64), tf.constant([[b"a\x00", b"\xff"], [b"", b"zz"]]))
+    tf.saved_model.save(m, str(tmp_path / "sm"))
+    code = ("import tensorflow as tf, dualemb.tf\n"
+            f"m = tf.saved_model.load({str(tmp_path / 'sm')!r})\n"
+            "print(repr(m(tf.constant([1, 2, 3], tf.int64)).numpy().tolist()))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == repr(
+        [[b"a\x00", b"\xff"], [b"", b"zz"], [b"q", b"q"]])
