@@ -226,7 +226,8 @@ DE_API int de_get_clock(int64_t id, int64_t* out);
 DE_API int de_set_clock(int64_t id, int64_t clock);
 // Total keys evicted by the capacity limit since creation.
 DE_API int de_evicted_total(int64_t id, int64_t* out);
-// Bytes of memory the table's rows, slots, metadata and index occupy. clear() and erasing give
+// Bytes of memory the table's rows, slots, metadata and index occupy (and a string-valued
+// table's strings with their pool). clear() and erasing give
 // memory back to the OS at once (row chunks are freed as they empty, keeping one spare chunk
 // per shard; a shard's index shrinks when under 1/8 full), and this count falls with it.
 DE_API int de_memory_bytes(int64_t id, int64_t* out);
