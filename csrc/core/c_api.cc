@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "dualemb_core.h"
+#include "c_api_string_values.h"
 #include "c_api_strings.h"
 #include "config.h"
 #include "memory_block.h"
@@ -14,6 +15,7 @@
 #include "thread_pool.h"
 
 using Table = dualemb::Storage;
+namespace sv = dualemb::string_values_api;
 
 namespace {
 
@@ -184,10 +186,12 @@ int de_find(int64_t id, int32_t key_dtype, const void* keys, int64_t n, void* va
             uint8_t* exists) {
   return guarded("find", [&] {
     if (key_dtype == DE_KEY_STRING) return dualemb::string_api::find(id, keys, n, values, exists);
-    auto t = dualemb::get_table(id);
+    auto ref = dualemb::get_table_ref(id);
+    auto& t = ref.storage;
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
     require(values, n, "values");
+    if (ref.values) return sv::find(ref, k.data, n, values, exists);
     t->find(k.data, n, values, exists);
   });
 }
@@ -197,10 +201,12 @@ int de_find_or_insert(int64_t id, int32_t key_dtype, const void* keys, int64_t n
   return guarded("find_or_insert", [&] {
     if (key_dtype == DE_KEY_STRING)
       return set_evicted(evicted, dualemb::string_api::find_or_insert(id, keys, n, values, exists));
-    auto t = dualemb::get_table(id);
+    auto ref = dualemb::get_table_ref(id);
+    auto& t = ref.storage;
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
     require(values, n, "values");
+    if (ref.values) return set_evicted(evicted, sv::find_or_insert(ref, k.data, n, values, exists));
     set_evicted(evicted, t->find_or_insert(k.data, n, values, exists));
   });
 }
@@ -210,10 +216,12 @@ int de_insert_or_assign(int64_t id, int32_t key_dtype, const void* keys, int64_t
   return guarded("insert_or_assign", [&] {
     if (key_dtype == DE_KEY_STRING)
       return set_evicted(evicted, dualemb::string_api::insert_or_assign(id, keys, n, values));
-    auto t = dualemb::get_table(id);
+    auto ref = dualemb::get_table_ref(id);
+    auto& t = ref.storage;
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
     require(values, n, "values");
+    if (ref.values) return set_evicted(evicted, sv::insert_or_assign(ref, k.data, n, values));
     set_evicted(evicted, t->insert_or_assign(k.data, n, values));
   });
 }
@@ -224,6 +232,7 @@ int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const v
     if (key_dtype == DE_KEY_STRING)
       return set_evicted(evicted, dualemb::string_api::accum(id, keys, n, deltas, exists));
     auto t = dualemb::get_table(id);
+    if (t->value_dtype() == DE_VALUE_STRING) sv::refuse("accum");
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
     require(deltas, n, "deltas");
@@ -235,17 +244,21 @@ int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const v
 int de_erase(int64_t id, int32_t key_dtype, const void* keys, int64_t n) {
   return guarded("erase", [&] {
     if (key_dtype == DE_KEY_STRING) return dualemb::string_api::erase(id, keys, n);
-    auto t = dualemb::get_table(id);
+    auto ref = dualemb::get_table_ref(id);
+    auto& t = ref.storage;
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
+    if (ref.values) return sv::erase(ref, k.data, n);
     t->erase(k.data, n);
   });
 }
 
 int de_clear(int64_t id) {
   return guarded("clear", [&] {
-    if (dualemb::string_api::is_string_table(id)) return dualemb::string_api::clear(id);
-    dualemb::get_table(id)->clear();
+    auto ref = dualemb::get_table_ref(id);
+    if (ref.keys) return dualemb::string_api::clear(id);
+    if (ref.values) return sv::clear(ref);
+    ref.storage->clear();
   });
 }
 
@@ -267,6 +280,7 @@ int de_apply_gradients(int64_t id, int32_t key_dtype, const void* keys, int64_t 
     if (key_dtype == DE_KEY_STRING)
       return set_evicted(evicted, dualemb::string_api::apply_gradients(id, keys, n, grads, lr, step));
     auto t = dualemb::get_table(id);
+    if (t->value_dtype() == DE_VALUE_STRING) sv::refuse("apply_gradients (training)");
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
     require(grads, n, "grads");
@@ -289,7 +303,8 @@ int de_restrict(int64_t id, int64_t num_reserved, int32_t policy, int32_t key_dt
     }
     if (key_dtype == DE_KEY_STRING && policy == DE_RESTRICT_CUSTOM)
       dualemb::string_api::find(id, nullptr, 0, nullptr, nullptr);  // throws: not a string table
-    auto t = dualemb::get_table(id);
+    auto ref = dualemb::get_table_ref(id);
+    auto& t = ref.storage;
     if (num_reserved < 0) throw std::invalid_argument("num_reserved must be >= 0");
     if (policy < DE_RESTRICT_RECENCY || policy > DE_RESTRICT_CUSTOM)
       throw std::invalid_argument("unknown restrict policy " + std::to_string(policy));
@@ -298,8 +313,10 @@ int de_restrict(int64_t id, int64_t num_reserved, int32_t policy, int32_t key_dt
       check_keys(*t, key_dtype, keys, n, &k);
       require(scores, n, "scores");
     }
-    int64_t r = t->restrict(num_reserved, static_cast<dualemb::RestrictBy>(policy), k.data,
-                            scores, policy == DE_RESTRICT_CUSTOM ? n : 0);
+    const int64_t given = policy == DE_RESTRICT_CUSTOM ? n : 0;
+    const auto by = static_cast<dualemb::RestrictBy>(policy);
+    int64_t r = ref.values ? sv::restrict_rows(ref, num_reserved, by, k.data, scores, given)
+                           : t->restrict(num_reserved, by, k.data, scores, given);
     if (removed) *removed = r;
   });
 }
@@ -315,7 +332,8 @@ int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void
       if (out_n) *out_n = n;
       return;
     }
-    auto t = dualemb::get_table(id);
+    auto ref = dualemb::get_table_ref(id);
+    auto& t = ref.storage;
     if (offset < 0 || limit < 0) throw std::invalid_argument("offset and limit must be >= 0");
     if (keys && key_dtype != t->key_dtype())
       throw std::invalid_argument(std::string("export keys buffer has dtype ") +
@@ -331,8 +349,10 @@ int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void
         k64 = wide.data();
       }
     }
-    int64_t n = t->export_rows(offset, limit, k64, values, slots, slots ? num_slots : -1,
-                               last_update, update_count);
+    int64_t n = ref.values ? sv::export_rows(ref, offset, limit, k64, values, slots, num_slots,
+                                             last_update, update_count)
+                           : t->export_rows(offset, limit, k64, values, slots,
+                                            slots ? num_slots : -1, last_update, update_count);
     if (keys && key_dtype == DE_KEY_INT32) {
       int32_t* k32 = static_cast<int32_t*>(keys);
       for (int64_t i = 0; i < n; ++i) k32[i] = static_cast<int32_t>(wide[i]);
@@ -347,10 +367,14 @@ int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const 
   return guarded("import", [&] {
     if (key_dtype == DE_KEY_STRING)
       return set_evicted(evicted, dualemb::string_api::import_rows(id, keys, n, values, slots, num_slots, last_update, update_count));
-    auto t = dualemb::get_table(id);
+    auto ref = dualemb::get_table_ref(id);
+    auto& t = ref.storage;
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
     require(values, n, "values");
+    if (ref.values)
+      return set_evicted(evicted, sv::import_rows(ref, k.data, n, values, slots, num_slots,
+                                                  last_update, update_count));
     set_evicted(evicted, t->import_rows(k.data, n, values, slots, slots ? num_slots : -1,
                                         last_update, update_count));
   });
@@ -373,7 +397,10 @@ int de_evicted_total(int64_t id, int64_t* out) {
 int de_memory_bytes(int64_t id, int64_t* out) {
   return guarded("memory bytes", [&] {
     require_out(out, "out");
-    *out = static_cast<int64_t>(dualemb::get_table(id)->memory_bytes());
+    auto ref = dualemb::get_table_ref(id);
+    size_t bytes = ref.storage->memory_bytes();
+    if (ref.values) bytes += sv::pool_bytes(ref);
+    *out = static_cast<int64_t>(bytes);
   });
 }
 
@@ -381,10 +408,12 @@ int de_initial_values(int64_t id, int32_t key_dtype, const void* keys, int64_t n
                       void* values) {
   return guarded("initial values", [&] {
     if (key_dtype == DE_KEY_STRING) return dualemb::string_api::initial_values(id, keys, n, values);
-    auto t = dualemb::get_table(id);
+    auto ref = dualemb::get_table_ref(id);
+    auto& t = ref.storage;
     Keys k;
     check_keys(*t, key_dtype, keys, n, &k);
     require(values, n, "values");
+    if (ref.values) return sv::initial_values(ref, n, values);
     t->initial_values(k.data, n, values);
   });
 }

@@ -67,6 +67,31 @@ typedef struct {
   int64_t needed;    // out: see above
 } de_string_keys_out;
 
+// String values (a table created with "value_dtype": "string"; its keys are int64 or int32).
+// Each row holds dim byte strings (any bytes, NUL included; no encoding is assumed). For such a
+// table every function that takes row values takes, in place of the `void* values` buffer:
+//  * as input (de_insert_or_assign, de_import): a pointer to one de_string_values: element e of
+//    the n * dim strings (row-major) is bytes[offsets[e], offsets[e+1]); offsets has n * dim + 1
+//    non-decreasing entries, offsets[0] >= 0;
+//  * as output (de_find, de_find_or_insert, de_export, de_initial_values): a pointer to one
+//    de_string_values_out. The call gathers the strings under the table's lock, calls
+//    reserve(context, total) exactly once with their total byte length, copies them into the
+//    buffer it returns (at least `total` bytes; NULL fails the call as out of memory unless
+//    total is 0) and writes offsets (rows * dim + 1 entries, offsets[0] = 0) as above. de_export
+//    reports the rows written in *out_n; offsets has room for limit * dim + 1 entries.
+// A missing key reads as the table's default row: the config's "initializer" "zeros" (empty
+// strings, the default), "constant" ("value": a JSON string) or "vector" ("values": dim or 1
+// JSON strings); a default's bytes are the UTF-8 encoding of the JSON text. de_find_or_insert
+// inserts that row. de_accum, de_apply_gradients and de_set_optimizer refuse a string table;
+// it never has slots. Erase, clear, restrict and capacity evictions drop the strings with their
+// rows, and de_memory_bytes counts the strings' memory.
+typedef de_string_keys de_string_values;
+typedef struct {
+  char* (*reserve)(void* context, int64_t total_bytes);
+  void* context;
+  int64_t* offsets;
+} de_string_values_out;
+
 // Value dtypes (the config's "value_dtype" names; dualemb/core/table.py mirrors these codes).
 // float16 is IEEE binary16, bfloat16 the top half of a float32. Training (optimizers) needs
 // float32, float16 or bfloat16; the others serve every other operation.
@@ -77,7 +102,8 @@ enum {
   DE_VALUE_FLOAT64 = 3,
   DE_VALUE_INT8 = 4,
   DE_VALUE_INT32 = 5,
-  DE_VALUE_INT64 = 6
+  DE_VALUE_INT64 = 6,
+  DE_VALUE_STRING = 7  // byte strings: see "String values" below
 };
 enum { DE_RESTRICT_RECENCY = 0, DE_RESTRICT_FREQUENCY = 1, DE_RESTRICT_CUSTOM = 2 };
 // What kind of error the last failed call on this thread had (de_last_error_kind).
@@ -95,7 +121,8 @@ DE_API const char* de_version(void);
 // and infinities cannot be written in JSON and are refused, as are unknown and repeated members.
 //
 // Table lifecycle. `config` members: "dim" (int, required), "key_dtype" ("int64" | "int32"),
-// "value_dtype" ("float32" | "float16" | "bfloat16" | "float64" | "int8" | "int32" | "int64"),
+// "value_dtype" ("float32" | "float16" | "bfloat16" | "float64" | "int8" | "int32" | "int64" |
+// "string": see "String values"),
 // "initializer" ("zeros" | "constant" | "vector" | "normal" |
 // "truncated_normal" | "uniform") with the members of its kind: "value" (constant), "values"
 // (vector: a list of dim or 1 numbers), "seed" (uint64), "mean", "stddev" (normal kinds),
@@ -199,7 +226,8 @@ DE_API int de_get_clock(int64_t id, int64_t* out);
 DE_API int de_set_clock(int64_t id, int64_t clock);
 // Total keys evicted by the capacity limit since creation.
 DE_API int de_evicted_total(int64_t id, int64_t* out);
-// Bytes of memory the table's rows, slots, metadata and index occupy. clear() and erasing give
+// Bytes of memory the table's rows, slots, metadata and index occupy (and a string-valued
+// table's strings with their pool). clear() and erasing give
 // memory back to the OS at once (row chunks are freed as they empty, keeping one spare chunk
 // per shard; a shard's index shrinks when under 1/8 full), and this count falls with it.
 DE_API int de_memory_bytes(int64_t id, int64_t* out);

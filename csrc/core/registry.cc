@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "dualemb_core.h"
+#include "config.h"
 #include "random.h"
 #include "storage/factory.h"
 #include "value_dtype.h"
@@ -17,6 +18,7 @@ struct Entry {
   std::shared_ptr<Storage> table;
   int64_t owners = 1;
   std::shared_ptr<StringKeys> strings;  // string-keyed tables only
+  std::shared_ptr<StringValues> values;  // tables of value dtype string only
 };
 
 struct Registry {
@@ -44,6 +46,10 @@ int64_t fresh_id(Registry& r) {
 int64_t create_table(int64_t id, const std::string& config) {
   if (id < 0) throw std::invalid_argument("table id must be a non-negative 63-bit integer");
   auto table = make_storage(config);  // validates config before touching the registry
+  std::shared_ptr<StringValues> values;
+  if (table->value_dtype() == DE_VALUE_STRING)
+    values = std::make_shared<StringValues>(
+        string_default_row(Config::parse(config, "table config"), table->dim()));
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   if (id == 0) id = fresh_id(r);
@@ -61,7 +67,7 @@ int64_t create_table(int64_t id, const std::string& config) {
   std::shared_ptr<StringKeys> strings;
   if (table->key_dtype() == DE_KEY_STRING)
     strings = std::make_shared<StringKeys>(testing_string_id_bits());
-  r.tables.emplace(id, Entry{std::move(table), 1, std::move(strings)});
+  r.tables.emplace(id, Entry{std::move(table), 1, std::move(strings), std::move(values)});
   return id;
 }
 
@@ -83,7 +89,7 @@ TableRef get_table_ref(int64_t id) {
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.tables.find(id);
   if (it == r.tables.end()) throw_unknown(id);
-  return {it->second.table, it->second.strings};
+  return {it->second.table, it->second.strings, it->second.values};
 }
 
 void retain_table(int64_t id) {

@@ -16,6 +16,7 @@
 
 #include "storage/storage.h"
 #include "string_keys.h"
+#include "string_values.h"
 
 namespace dualemb {
 
@@ -30,9 +31,12 @@ bool table_exists(int64_t id);
 // A string-keyed table ("key_dtype": "string") is held with its StringKeys map, created with it.
 // Both parts of one entry, read together (throws std::out_of_range like get_table); `keys` is
 // null for a table with integer keys.
+// A table of value dtype string is held with its StringValues pool the same way (`values` is
+// null for every other value dtype).
 struct TableRef {
   std::shared_ptr<Storage> storage;
   std::shared_ptr<StringKeys> keys;
+  std::shared_ptr<StringValues> values;
 };
 TableRef get_table_ref(int64_t id);
 // Adds an owner; throws std::out_of_range if no such table exists.

@@ -16,7 +16,10 @@ struct DtypeInfo {
 };
 // Indexed by DE_VALUE_*.
 constexpr DtypeInfo kDtypes[] = {{"float32", 4}, {"float16", 2}, {"bfloat16", 2}, {"float64", 8},
-                                 {"int8", 1},    {"int32", 4},   {"int64", 8}};
+                                 {"int8", 1},    {"int32", 4},   {"int64", 8},
+                                 // string: the storage holds an 8-byte handle per element
+                                 // (string_values.h); the bytes live in the table's pool.
+                                 {"string", 8}};
 constexpr int kNumDtypes = sizeof(kDtypes) / sizeof(kDtypes[0]);
 
 inline uint32_t bits_of(float f) {
@@ -96,7 +99,7 @@ int parse_value_dtype(const std::string& name) {
     if (name == kDtypes[d].name) return d;
   throw std::invalid_argument("unsupported value_dtype '" + name +
                               "' (supported: float32, float16, bfloat16, float64, int8, int32, "
-                              "int64)");
+                              "int64, string)");
 }
 
 const char* value_dtype_name(int dtype) {
@@ -212,6 +215,8 @@ void add_values(int dtype, void* row, const void* delta, int64_t n) {
     case DE_VALUE_INT8: return add_wrapping<int8_t, uint8_t>(row, delta, n);
     case DE_VALUE_INT32: return add_wrapping<int32_t, uint32_t>(row, delta, n);
     case DE_VALUE_INT64: return add_wrapping<int64_t, uint64_t>(row, delta, n);
+    case DE_VALUE_STRING:
+      throw std::invalid_argument("accum is not defined for a table of value dtype string");
   }
   check_dtype(dtype);
 }

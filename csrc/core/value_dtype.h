@@ -1,7 +1,8 @@
 // value_dtype.h — the element types a table's rows (and optimizer slots) are stored in.
 //
 // A table keeps its values in one dtype (DE_VALUE_* in dualemb_core.h): float32 (the default),
-// float16, bfloat16, float64, int8, int32 or int64. Rows cross the C ABI in that dtype, as raw
+// float16, bfloat16, float64, int8, int32, int64 or string (string_values.h: the storage holds
+// one int64 handle per element, the pool the bytes). Rows cross the C ABI in that dtype, as raw
 // bytes; only gradients (and restrict scores) are always float32. Helpers here convert whole rows
 // so that the table's per-key loops dispatch on the dtype once per row, never per element.
 //

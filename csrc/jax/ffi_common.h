@@ -81,8 +81,9 @@ inline ffi::DataType XlaValueType(int32_t value_dtype) {
 
 inline const char* ValueDtypeName(int32_t value_dtype) {
   static const char* const kNames[] = {"float32", "float16", "bfloat16", "float64",
-                                       "int8",    "int32",   "int64"};
-  return value_dtype >= 0 && value_dtype < 7 ? kNames[value_dtype] : "unknown";
+                                       "int8",    "int32",   "int64",    "string"};
+  // string (7) has no XLA element type: every row buffer mismatches it, so it is refused.
+  return value_dtype >= 0 && value_dtype < 8 ? kNames[value_dtype] : "unknown";
 }
 
 // The dtype name of an XLA element type, for messages.

@@ -168,38 +168,40 @@ PYBIND11_MODULE(_core, m) {
   m.def("find", [](int64_t id, py::array keys, py::array values, py::object exists) {
     KeyView k = key_view(keys);
     RowFormat f = row_format(id);
-    void* v = value_buffer(values, k.n * f.dim, f.value_dtype, "values");
+    dualemb_py::RowsOut v(values, k.n * f.dim, f.value_dtype, "values");
     uint8_t* e = optional_buffer<uint8_t>(exists, k.n, "exists");
     int rc;
     {
       py::gil_scoped_release release;
-      rc = de_find(id, k.dtype, k.ptr, k.n, v, e);
+      rc = de_find(id, k.dtype, k.ptr, k.n, v.ptr(), e);
     }
     check(rc);
+    v.fill(k.n * f.dim);
   });
   m.def("find_or_insert", [](int64_t id, py::array keys, py::array values, py::object exists) {
     KeyView k = key_view(keys);
     RowFormat f = row_format(id);
-    void* v = value_buffer(values, k.n * f.dim, f.value_dtype, "values");
+    dualemb_py::RowsOut v(values, k.n * f.dim, f.value_dtype, "values");
     uint8_t* e = optional_buffer<uint8_t>(exists, k.n, "exists");
     int64_t evicted = 0;
     int rc;
     {
       py::gil_scoped_release release;
-      rc = de_find_or_insert(id, k.dtype, k.ptr, k.n, v, e, &evicted);
+      rc = de_find_or_insert(id, k.dtype, k.ptr, k.n, v.ptr(), e, &evicted);
     }
     check(rc);
+    v.fill(k.n * f.dim);
     return evicted;
   });
   m.def("insert_or_assign", [](int64_t id, py::array keys, py::array values) {
     KeyView k = key_view(keys);
     RowFormat f = row_format(id);
-    const void* v = value_input(values, k.n * f.dim, f.value_dtype, "values");
+    dualemb_py::RowsIn v(values, k.n * f.dim, f.value_dtype, "values");
     int64_t evicted = 0;
     int rc;
     {
       py::gil_scoped_release release;
-      rc = de_insert_or_assign(id, k.dtype, k.ptr, k.n, v, &evicted);
+      rc = de_insert_or_assign(id, k.dtype, k.ptr, k.n, v.ptr(), &evicted);
     }
     check(rc);
     return evicted;
@@ -207,13 +209,13 @@ PYBIND11_MODULE(_core, m) {
   m.def("accum", [](int64_t id, py::array keys, py::array deltas, py::array exists) {
     KeyView k = key_view(keys);
     RowFormat f = row_format(id);
-    const void* d = value_input(deltas, k.n * f.dim, f.value_dtype, "deltas");
+    dualemb_py::RowsIn d(deltas, k.n * f.dim, f.value_dtype, "deltas");
     const uint8_t* e = typed_input<uint8_t>(exists, k.n, "exists");
     int64_t evicted = 0;
     int rc;
     {
       py::gil_scoped_release release;
-      rc = de_accum(id, k.dtype, k.ptr, k.n, d, e, &evicted);
+      rc = de_accum(id, k.dtype, k.ptr, k.n, d.ptr(), e, &evicted);
     }
     check(rc);
     return evicted;
@@ -285,7 +287,7 @@ PYBIND11_MODULE(_core, m) {
     if (!keys.writeable()) throw py::value_error("keys buffer must be writable");
     RowFormat f = row_format(id);
     const int64_t dim = f.dim;
-    void* v = value_buffer(values, limit * dim, f.value_dtype, "values");
+    dualemb_py::RowsOut v(values, limit * dim, f.value_dtype, "values");
     void* sl = nullptr;
     int32_t ns = 0;
     int64_t* lu = nullptr;
@@ -301,9 +303,11 @@ PYBIND11_MODULE(_core, m) {
     int rc;
     {
       py::gil_scoped_release release;
-      rc = de_export(id, offset, limit, k.dtype, const_cast<void*>(k.ptr), v, sl, ns, lu, uc, &n);
+      rc = de_export(id, offset, limit, k.dtype, const_cast<void*>(k.ptr), v.ptr(), sl, ns, lu, uc,
+                     &n);
     }
     check(rc);
+    v.fill(n * dim);
     return n;
   });
   m.def("import_rows", [](int64_t id, py::array keys, py::array values, py::object slots,
@@ -311,7 +315,7 @@ PYBIND11_MODULE(_core, m) {
     KeyView k = key_view(keys);
     RowFormat f = row_format(id);
     const int64_t dim = f.dim;
-    const void* v = value_input(values, k.n * dim, f.value_dtype, "values");
+    dualemb_py::RowsIn v(values, k.n * dim, f.value_dtype, "values");
     int32_t ns = 0;
     const void* sl = nullptr;
     if (!slots.is_none()) {
@@ -325,7 +329,7 @@ PYBIND11_MODULE(_core, m) {
     int rc;
     {
       py::gil_scoped_release release;
-      rc = de_import(id, k.dtype, k.ptr, k.n, v, sl, ns, lu, uc, &evicted);
+      rc = de_import(id, k.dtype, k.ptr, k.n, v.ptr(), sl, ns, lu, uc, &evicted);
     }
     check(rc);
     return evicted;
@@ -333,13 +337,14 @@ PYBIND11_MODULE(_core, m) {
   m.def("initial_values", [](int64_t id, py::array keys, py::array values) {
     KeyView k = key_view(keys);
     RowFormat f = row_format(id);
-    void* v = value_buffer(values, k.n * f.dim, f.value_dtype, "values");
+    dualemb_py::RowsOut v(values, k.n * f.dim, f.value_dtype, "values");
     int rc;
     {
       py::gil_scoped_release release;
-      rc = de_initial_values(id, k.dtype, k.ptr, k.n, v);
+      rc = de_initial_values(id, k.dtype, k.ptr, k.n, v.ptr());
     }
     check(rc);
+    v.fill(k.n * f.dim);
   });
   m.def("clock", [](int64_t id) {
     int64_t c;

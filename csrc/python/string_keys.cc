@@ -36,15 +36,16 @@ void* value_out(const py::object& o, int64_t elements, int32_t value_dtype, cons
 
 }  // namespace
 
-std::shared_ptr<const de_string_keys> pack_string_keys(const py::array& keys) {
-  if (!(keys.flags() & py::array::c_style)) throw py::value_error("keys must be C-contiguous");
+std::shared_ptr<const de_string_keys> pack_string_keys(const py::array& keys, const char* what) {
+  if (!(keys.flags() & py::array::c_style))
+    throw py::value_error(std::string(what) + " must be C-contiguous");
   auto p = std::make_shared<Packed>();
   const int64_t n = static_cast<int64_t>(keys.size());
   PyObject* const* items = static_cast<PyObject* const*>(keys.data());
   size_t total = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (!PyBytes_Check(items[i]))
-      throw py::type_error("string keys must be bytes; element " + std::to_string(i) + " is " +
+      throw py::type_error(std::string(what) + " must be bytes; element " + std::to_string(i) + " is " +
                            std::string(py::str(py::type::of(py::handle(items[i])))));
     total += static_cast<size_t>(PyBytes_GET_SIZE(items[i]));
   }

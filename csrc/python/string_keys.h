@@ -14,8 +14,11 @@ namespace dualemb_py {
 
 // Packs a C-contiguous object array whose elements are all `bytes` (dualemb/core/_string_keys.py
 // makes one from str/bytes input); the result owns a copy of the bytes, so the GIL may be
-// released while the core reads it. TypeError names the first element that is not bytes.
-std::shared_ptr<const de_string_keys> pack_string_keys(const pybind11::array& keys);
+// released while the core reads it. TypeError names the first element that is not bytes
+// (`what` names the array: string keys, or the string values of a string-valued table, which
+// travel in the same layout).
+std::shared_ptr<const de_string_keys> pack_string_keys(const pybind11::array& keys,
+                                                       const char* what = "string keys");
 
 // export_page_strings, string_keys_stats, string_fingerprint, _testing_string_id_bits.
 void bind_string_keys(pybind11::module_& m);

@@ -411,6 +411,7 @@ static void test_value_dtypes() {
 }
 
 int run_string_key_tests();  // string_keys_tests.cc
+int run_string_value_tests();  // string_values_tests.cc
 
 int main() {
   test_json_specs_round_trip();
@@ -423,6 +424,7 @@ int main() {
   test_memory_is_given_back();
   test_value_dtypes();
   g_failures += run_string_key_tests();
+  g_failures += run_string_value_tests();
   if (g_failures) {
     std::fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;

@@ -83,6 +83,42 @@ class CoreKeys {
   de_string_keys view_{};
 };
 
+// A DT_STRING tensor of a string-valued table's rows as the core's `const void* values`: the
+// same packed layout as string keys (de_string_values is de_string_keys).
+using CoreStrings = CoreKeys;
+
+// Collects the strings a core call returns for a string-valued table (de_string_values_out,
+// dualemb_core.h "String values"); CopyTo then fills a DT_STRING tensor with them.
+class CoreStringsOut {
+ public:
+  explicit CoreStringsOut(int64_t elements) : offsets_(static_cast<size_t>(elements) + 1) {
+    out_ = {&CoreStringsOut::Reserve, this, offsets_.data()};
+  }
+  CoreStringsOut(const CoreStringsOut&) = delete;
+  CoreStringsOut& operator=(const CoreStringsOut&) = delete;
+  void* ptr() { return &out_; }
+  // The first `elements` strings into `t` (flat order).
+  void CopyTo(Tensor* t, int64_t elements) const {
+    auto flat = t->flat<::tensorflow::tstring>();
+    for (int64_t e = 0; e < elements; ++e)
+      flat(e).assign(bytes_.data() + offsets_[e], offsets_[e + 1] - offsets_[e]);
+  }
+
+ private:
+  static char* Reserve(void* self, int64_t total) {
+    try {  // called inside the core call: NULL reports out of memory
+      auto* me = static_cast<CoreStringsOut*>(self);
+      me->bytes_.resize(static_cast<size_t>(total));
+      return me->bytes_.data();
+    } catch (...) {
+      return nullptr;
+    }
+  }
+  std::string bytes_;
+  std::vector<int64_t> offsets_;
+  de_string_values_out out_{};
+};
+
 // The core's value dtype code (DE_VALUE_*) for a TF dtype; -1 for a dtype no table stores.
 inline int32_t CoreValueDtype(DataType dt) {
   switch (dt) {
@@ -93,6 +129,7 @@ inline int32_t CoreValueDtype(DataType dt) {
     case ::tensorflow::DT_INT8: return DE_VALUE_INT8;
     case ::tensorflow::DT_INT32: return DE_VALUE_INT32;
     case ::tensorflow::DT_INT64: return DE_VALUE_INT64;
+    case ::tensorflow::DT_STRING: return DE_VALUE_STRING;
     default: return -1;
   }
 }
@@ -100,8 +137,8 @@ inline int32_t CoreValueDtype(DataType dt) {
 // The name of a DE_VALUE_* code (the config's "value_dtype" names).
 inline const char* ValueDtypeName(int32_t vd) {
   static const char* const kNames[] = {"float32", "float16", "bfloat16", "float64",
-                                       "int8",    "int32",   "int64"};
-  return vd >= 0 && vd < 7 ? kNames[vd] : "unknown";
+                                       "int8",    "int32",   "int64",    "string"};
+  return vd >= 0 && vd < 8 ? kNames[vd] : "unknown";
 }
 
 // Reads input `index` as an integer scalar.

@@ -50,7 +50,15 @@ class ExportOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({rows}), &last));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({rows}), &count));
     int64_t got = 0;
-    if (rows > 0 && d.key_dtype == DE_KEY_STRING) {
+    // A string table's rows come back through a CoreStringsOut, copied into `values` after.
+    const bool string_values = d.value_dtype == DE_VALUE_STRING;
+    CoreStringsOut string_rows(string_values ? rows * d.dim : 0);
+    if (rows > 0 && string_values) {
+      DE_CORE_CALL(ctx, de_export(id, offset, rows, d.key_dtype, keys.data(), string_rows.ptr(),
+                                  nullptr, 0, last.flat<int64_t>().data(),
+                                  count.flat<int64_t>().data(), &got));
+      string_rows.CopyTo(&values, got * d.dim);
+    } else if (rows > 0 && d.key_dtype == DE_KEY_STRING) {
       // String keys come as bytes + offsets; the byte buffer grows until the page fits whole.
       std::vector<char> bytes(static_cast<size_t>(std::max<int64_t>(4096, 32 * rows)));
       std::vector<int64_t> offs(static_cast<size_t>(rows) + 1);
@@ -133,12 +141,19 @@ class ImportOp : public OpKernel {
     const int64_t* count_ptr = nullptr;
     OP_REQUIRES_OK(ctx, meta(last, "last_update", &last_ptr));
     OP_REQUIRES_OK(ctx, meta(count, "update_count", &count_ptr));
+    const bool string_values = d.value_dtype == DE_VALUE_STRING;
+    OP_REQUIRES(ctx, !(string_values && slot_ptr),
+                absl::InvalidArgumentError(name() + ": a table of value dtype string has no "
+                                           "optimizer slots"));
+    CoreStrings string_rows(string_values ? values
+                                          : Tensor(::tensorflow::DT_STRING, TensorShape({0})));
     ScopedRunnerHelpers helpers(ctx);
     if (clear_) DE_CORE_CALL(ctx, de_clear(id));
     int64_t evicted = 0;
     if (n > 0) {
-      DE_CORE_CALL(ctx, de_import(id, d.key_dtype, CoreKeys(keys).ptr(), n, values.data(),
-                                  slot_ptr, d.num_slots, last_ptr, count_ptr, &evicted));
+      DE_CORE_CALL(ctx, de_import(id, d.key_dtype, CoreKeys(keys).ptr(), n,
+                                  string_values ? string_rows.ptr() : values.data(), slot_ptr,
+                                  d.num_slots, last_ptr, count_ptr, &evicted));
     }
     OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));
   }

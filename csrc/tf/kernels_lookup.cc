@@ -36,13 +36,17 @@ class FindOp : public OpKernel {
     int64_t evicted = 0;
     ScopedRunnerHelpers helpers(ctx);
     if (n > 0) {
-      void* out = values->data();
+      // A string table's rows come back through a CoreStringsOut, copied into the tensor after.
+      const bool strings = d.value_dtype == DE_VALUE_STRING;
+      CoreStringsOut string_rows(strings ? n * d.dim : 0);
+      void* out = strings ? string_rows.ptr() : values->data();
       auto* ex = reinterpret_cast<uint8_t*>(exists->flat<bool>().data());
       if (insert_) {
         DE_CORE_CALL(ctx, de_find_or_insert(id, d.key_dtype, CoreKeys(keys).ptr(), n, out, ex, &evicted));
       } else {
         DE_CORE_CALL(ctx, de_find(id, d.key_dtype, CoreKeys(keys).ptr(), n, out, ex));
       }
+      if (strings) string_rows.CopyTo(values, n * d.dim);
     }
     OP_REQUIRES_OK(ctx, OutputScalar(ctx, 2, evicted));
   }
@@ -68,8 +72,10 @@ class InsertOrAssignOp : public OpKernel {
     ScopedRunnerHelpers helpers(ctx);
     int64_t evicted = 0;
     if (keys.NumElements() > 0) {
+      const bool strings = d.value_dtype == DE_VALUE_STRING;
+      CoreStrings string_rows(strings ? values : Tensor(::tensorflow::DT_STRING, TensorShape({0})));
       DE_CORE_CALL(ctx, de_insert_or_assign(id, d.key_dtype, CoreKeys(keys).ptr(), keys.NumElements(),
-                                            values.data(), &evicted));
+                                            strings ? string_rows.ptr() : values.data(), &evicted));
     }
     OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));
   }

@@ -17,7 +17,7 @@ namespace {
 
 // Every value dtype a core table stores (DE_VALUE_* in dualemb_core.h).
 constexpr char kValueDtypeAttr[] =
-    "Tvalue: {float, half, bfloat16, double, int8, int32, int64} = DT_FLOAT";
+    "Tvalue: {float, half, bfloat16, double, int8, int32, int64, string} = DT_FLOAT";
 
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;

@@ -27,6 +27,45 @@ def vector(values) -> dict:
     return {"initializer": "vector", "values": [float(v) for v in arr]}
 
 
+def _utf8_text(x, what: str) -> str:
+    if isinstance(x, str):
+        return x
+    if isinstance(x, bytes):
+        try:
+            return x.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError(f"{what} {x!r} is not valid UTF-8: a string table's default is "
+                             "stored as JSON text in its spec (any bytes can be inserted as "
+                             "values)") from None
+    raise TypeError(f"{what} of a string table must be str or bytes, got {type(x).__name__}")
+
+
+def string_constant(value) -> dict:
+    """A string table's default: `value` (str, or bytes that are valid UTF-8) in every column."""
+    return {"initializer": "constant", "value": _utf8_text(value, "initializer")}
+
+
+def string_vector(values) -> dict:
+    """A string table's default row: `values` (dim or 1 str/bytes)."""
+    flat = np.asarray(values, dtype=object).reshape(-1).tolist()
+    return {"initializer": "vector", "values": [_utf8_text(v, "initializer value") for v in flat]}
+
+
+def string_default(initializer) -> dict:
+    """A string table's initializer members: None -> {} (empty strings, the core's default), a
+    str/bytes -> string_constant, a list/array of them -> string_vector, a dict -> as given."""
+    if initializer is None:
+        return {}
+    if isinstance(initializer, dict):
+        return dict(initializer)
+    if isinstance(initializer, (str, bytes)):
+        return string_constant(initializer)
+    if isinstance(initializer, (list, tuple, np.ndarray)):
+        return string_vector(initializer)
+    raise TypeError(f"a string table's initializer must be None, str/bytes, a list of them or a "
+                    f"spec dict, got {type(initializer).__name__}")
+
+
 def normal(mean: float = 0.0, stddev: float = 1.0, seed: int = 0) -> dict:
     return {"initializer": "normal", "mean": float(mean), "stddev": float(stddev),
             "seed": int(seed)}

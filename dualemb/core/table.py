@@ -28,6 +28,15 @@ integers that fit, anything else raises TypeError. Training needs float32, float
 tables take only constant initializers (zeros, a number, a vector) exact in their dtype; random
 initializers give float16/bfloat16/float64 tables the float32 row of (seed, key), converted.
 
+String values: ``value_dtype="string"`` (int64 or int32 keys) makes each row ``dim`` byte
+strings, returned as object arrays of ``bytes`` of shape ``keys.shape + (dim,)``; ``str`` inputs
+are UTF-8 encoded (``dualemb.core.value_dtypes.as_string_values``). Any bytes round-trip exactly
+(NULs, empty strings, non-UTF-8). The initializer is the default row a missing key reads as: None
+(empty strings), a ``str``/``bytes`` for every column, a list of dim (or 1) of them, or a spec
+``{"initializer": "constant", "value": ...}`` / ``{"initializer": "vector", "values": [...]}``
+(defaults are stored as JSON text, so they must be valid UTF-8). accum, optimizers and
+apply_gradients raise ValueError naming the dtype; ``memory_bytes`` counts the strings.
+
 Memory: rows live in chunks mapped from the OS; ``clear()`` frees every chunk and index array at
 once, ``erase``/``restrict`` free chunks as they empty (one spare chunk per shard is kept for
 reuse) and shrink a shard's index when it is under 1/8 full. ``memory_bytes()`` reports what is
@@ -87,6 +96,8 @@ def _initializer_members(initializer, value_dtype: str) -> dict:
     """The initializer's config members. Numbers given for a non-float32 table keep their exact
     value (an int stays an int, a float64 is not rounded to float32); the core checks that they
     are exact in the dtype."""
+    if value_dtype == _vd.STRING:
+        return _inits.string_default(initializer)
     if value_dtype != "float32" and not isinstance(initializer, (dict, str, type(None))):
         if isinstance(initializer, (int, np.integer)) and not isinstance(initializer, bool):
             return {"initializer": "constant", "value": int(initializer)}
@@ -107,9 +118,9 @@ class Table:
       key_dtype: "int64" (default), "int32" or "string" (keys are byte strings compared by
         their bytes; str keys are UTF-8 encoded; export returns an object array of bytes; see
         dualemb/core/_string_keys.py).
-      value_dtype: "float32" (default), "float16", "bfloat16", "float64", "int8", "int32" or
-        "int64" (or the numpy / ml_dtypes type): the dtype rows and slots are stored and
-        returned in (see the module doc).
+      value_dtype: "float32" (default), "float16", "bfloat16", "float64", "int8", "int32",
+        "int64" (or the numpy / ml_dtypes type) or "string" (rows of byte strings; see the
+        module doc): the dtype rows and slots are stored and returned in.
       initializer: row a missing key reads as, and a new key starts from: None (zeros), a number,
         an array of length dim or 1, or a ``dualemb.core.initializers`` spec.
       optimizer: optional ``dualemb.core.optimizers`` spec (dict, JSON text, or a name); its
@@ -271,7 +282,11 @@ class Table:
     def _rows(self, values, keys: np.ndarray, what: str, dtype: str | None = None) -> np.ndarray:
         """`values` shaped keys.shape + (dim,), in value dtype `dtype` (default: the table's)."""
         dtype = dtype or self._value_dtype_name
-        arr = np.asarray(values)
+        if dtype == _vd.STRING and not isinstance(values, np.ndarray):
+            # dtype=object: numpy's own S/U conversion would drop trailing NULs.
+            arr = np.array(values, dtype=object)
+        else:
+            arr = np.asarray(values)
         if arr.size == 0 and keys.size == 0 and isinstance(values, (list, tuple)):
             arr = np.zeros(keys.shape + (self._dim,), _vd.NUMPY[dtype])  # [] rows for [] keys
         want = keys.shape + (self._dim,)
@@ -393,7 +408,9 @@ class Table:
             # optimizer attached in between through another handle is read again.
             slots = np.empty((limit, self.num_slots, self._dim), self._value_dtype)
             try:
-                n = _core.export_page(self._id, offset, keys, values, slots, last, count)
+                n = _core.export_page(self._id, offset, keys, values,
+                                      None if self._value_dtype_name == _vd.STRING else slots,
+                                      last, count)
                 break
             except ValueError as e:
                 if "slots buffer sized for" not in str(e) or attempt == 2:
@@ -465,6 +482,10 @@ class Table:
         v = self._rows(values, shaped, "values").reshape(-1, self._dim)
         k = shaped.reshape(-1)
         s = None
+        if slots is not None and self._value_dtype_name == _vd.STRING:
+            if np.shape(slots)[1:2] != (0,):
+                raise ValueError("a table of value dtype string has no optimizer slots")
+            slots = None
         if slots is not None:
             s = np.asarray(slots)
             if s.ndim != 3 or s.shape[0] != k.shape[0] or s.shape[2] != self._dim:

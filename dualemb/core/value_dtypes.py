@@ -10,7 +10,12 @@ Inputs convert to a table's dtype by one rule (``as_values``):
     inf. Integer inputs raise TypeError, as they always have for float32.
   * integer tables (int8, int32, int64) take integer inputs whose every value fits the dtype
     exactly; floats, bools and out-of-range values raise TypeError naming both dtypes.
+  * string tables hold ``dim`` byte strings per row, as numpy object arrays of ``bytes``; inputs
+    may be ``bytes`` or ``str`` (encoded as UTF-8, as string keys are), in an object array or
+    (nested) lists (numpy's fixed-width ``S``/``U`` arrays drop trailing NULs, so strings ending
+    in ``b"\\0"`` must come in lists or object arrays). Everything else raises TypeError.
 Training (optimizers) needs float32, float16 or bfloat16 (``TRAINABLE``); gradients are float32.
+String tables serve lookups, writes, erase, export and save/load; accum and training refuse them.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import ml_dtypes
 import numpy as np
 
 # Index = DE_VALUE_* code in dualemb_core.h.
-CODES = ("float32", "float16", "bfloat16", "float64", "int8", "int32", "int64")
+CODES = ("float32", "float16", "bfloat16", "float64", "int8", "int32", "int64", "string")
 NUMPY = {
     "float32": np.dtype(np.float32),
     "float16": np.dtype(np.float16),
@@ -28,7 +33,9 @@ NUMPY = {
     "int8": np.dtype(np.int8),
     "int32": np.dtype(np.int32),
     "int64": np.dtype(np.int64),
+    "string": np.dtype(object),  # an object array of bytes
 }
+STRING = "string"
 FLOATS = frozenset({"float32", "float16", "bfloat16", "float64"})
 INTEGERS = frozenset({"int8", "int32", "int64"})
 TRAINABLE = frozenset({"float32", "float16", "bfloat16"})
@@ -40,14 +47,37 @@ def name_of(value_dtype) -> str:
     Raises TypeError for an unsupported one."""
     if isinstance(value_dtype, str):
         name = value_dtype
+    elif value_dtype in (bytes, str, np.bytes_, np.str_):
+        name = STRING
     else:
         try:
-            name = np.dtype(value_dtype).name
+            dt = np.dtype(value_dtype)
+            # An object array is how a string table's rows come back (Table.value_dtype).
+            name = STRING if dt == np.dtype(object) else dt.name
         except TypeError:
             name = str(getattr(value_dtype, "name", value_dtype))
     if name not in NUMPY:
         raise TypeError(f"unsupported value dtype {value_dtype!r} (supported: {', '.join(CODES)})")
     return name
+
+
+def as_string_values(values, what: str) -> np.ndarray:
+    """``values`` as a C-contiguous object array of ``bytes`` (same shape); ``str`` elements are
+    encoded as UTF-8. TypeError names the first element that is neither."""
+    arr = values if isinstance(values, np.ndarray) else np.array(values, dtype=object)
+    if arr.dtype.kind not in "SUO":
+        raise TypeError(f"{what} must be bytes or str for a string table, got dtype {arr.dtype}")
+    flat = arr.reshape(-1).tolist()
+    out = np.empty(len(flat), object)
+    for i, x in enumerate(flat):
+        if isinstance(x, bytes):
+            out[i] = bytes(x)
+        elif isinstance(x, str):
+            out[i] = x.encode("utf-8")
+        else:
+            raise TypeError(f"{what} of a string table must be bytes or str; element {i} is "
+                            f"{type(x).__name__} ({x!r})")
+    return out.reshape(arr.shape)
 
 
 def is_float(dtype: np.dtype) -> bool:
@@ -56,6 +86,10 @@ def is_float(dtype: np.dtype) -> bool:
 
 def as_values(arr: np.ndarray, name: str, what: str) -> np.ndarray:
     """`arr` converted to value dtype `name` (C-contiguous) by the rule in the module doc."""
+    if name == STRING:
+        return as_string_values(arr, what)
+    if arr.dtype.kind in "SUO":
+        raise TypeError(f"{what} of dtype {arr.dtype} (strings) cannot go into a {name} table")
     want = NUMPY[name]
     if arr.dtype == want:
         return np.require(arr, requirements="C")

@@ -30,14 +30,27 @@ NEEDS_X64 = frozenset({"float64", "int64"})
 TRAINABLE = _vd.TRAINABLE
 
 
+def _refuse_strings(name: str) -> None:
+    if name == _vd.STRING:
+        raise TypeError(
+            "dualemb.jax has no string-valued tables: JAX arrays cannot hold strings. Serve a "
+            "table of value dtype string with dualemb.core.Table or dualemb.tf (its checkpoint "
+            "loads there), or map the strings to integer ids and store those in an int32/int64 "
+            "table")
+
+
 def name_of(value_dtype) -> str:
     """The canonical value dtype name of a name, numpy/jnp dtype or scalar type (TypeError for
-    an unsupported one)."""
-    return _vd.name_of(value_dtype)
+    an unsupported one, and for "string", which JAX arrays cannot hold)."""
+    name = _vd.name_of(value_dtype)
+    _refuse_strings(name)
+    return name
 
 
 def require_available(name: str) -> None:
-    """TypeError if rows of ``name`` cannot exist in JAX now (float64/int64 without x64)."""
+    """TypeError if rows of ``name`` cannot exist in JAX now (float64/int64 without x64;
+    strings never)."""
+    _refuse_strings(name)
     if name in NEEDS_X64 and not jax.config.jax_enable_x64:
         raise TypeError(
             f"{_a(name)} table needs jax_enable_x64: in JAX's default 32-bit mode {name} arrays "

@@ -128,6 +128,39 @@ def _tf_keras_kind(initializer):
     return None
 
 
+def string_spec(initializer, dim: int) -> dict:
+    """The default row of a string-valued Variable (``value_dtype=tf.string``): None or a zeros
+    initializer -> empty strings (TF's zero of tf.string); a str/bytes -> that string in every
+    column (TFRA's ``_convert_anything_to_init`` keeps only its first character: a str is
+    indexable; we keep the whole string); a list / array / eager Tensor of dim strings -> that
+    row, of another length -> its first element broadcast (TFRA's rule);
+    ``tf.constant_initializer(s)`` -> as its value; a ``dualemb.core.initializers`` spec dict.
+    Defaults are stored as JSON text, so they must be valid UTF-8."""
+    if initializer is None or isinstance(initializer, dict):
+        return core_inits.string_default(initializer)
+    if isinstance(initializer, (str, bytes)):
+        return core_inits.string_constant(initializer)
+    if isinstance(initializer, (tf.Tensor, tf.Variable)):
+        if not hasattr(initializer, "numpy"):
+            raise TypeError("a Tensor initializer must be an eager (concrete) tensor")
+        initializer = initializer.numpy()
+    if isinstance(initializer, (list, tuple, np.ndarray)):
+        flat = np.asarray(initializer, dtype=object).reshape(-1).tolist()
+        if len(flat) == dim:
+            return core_inits.string_vector(flat)
+        if flat:
+            return core_inits.string_constant(flat[0])
+    kind_of = type(initializer)
+    keras2 = _tf_keras_kind(initializer)
+    if kind_of in _ZEROS or keras2 == "zeros":
+        return core_inits.string_default(None)
+    if kind_of in _CONSTANT or keras2 == "constant":
+        return string_spec(initializer.get_config()["value"], dim)
+    raise TypeError(f"unsupported initializer {initializer!r} for a string-valued Variable; "
+                    "supported: None, a str/bytes, a list of dim (or 1) strings, "
+                    "tf.zeros_initializer, tf.constant_initializer(str), or a spec dict")
+
+
 def to_spec(initializer, dim: int, name: str = "") -> dict:
     """The core initializer spec for a TFRA-style ``initializer`` (see the module docstring)."""
     if initializer is None:

@@ -77,6 +77,9 @@ def _as_sparse(ids, what):
 def _combine(params, sp_ids, sp_weights, combiner, name, max_norm):
     """[d0, dim] in ``compute_dtype(value_dtype)``: row i combines the rows of the ids in row i of the 2-D ``sp_ids``
     (zeros for a row without ids), and the wrapper."""
+    if params.value_dtype == tf.string:
+        raise TypeError(f"Variable {params.name!r} has value_dtype string: sparse lookups combine "
+                        "rows numerically; look string rows up with embedding_lookup or lookup")
     if not params.value_dtype.is_floating and (combiner != "sum" or sp_weights is not None):
         raise TypeError(f"Variable {params.name!r} has value_dtype {params.value_dtype.name}: "
                         "integer rows combine only with combiner='sum' and no weights (a mean "

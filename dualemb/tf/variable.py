@@ -58,7 +58,8 @@ from dualemb.tf.trainable import TrainableWrapper
 from dualemb.core._string_keys import as_string_keys
 
 _KEY_DTYPES = (tf.int64, tf.int32, tf.string)
-_VALUE_DTYPES = (tf.float32, tf.float16, tf.bfloat16, tf.float64, tf.int8, tf.int32, tf.int64)
+_VALUE_DTYPES = (tf.float32, tf.float16, tf.bfloat16, tf.float64, tf.int8, tf.int32, tf.int64,
+                 tf.string)
 
 
 def check_trainable_dtype(var) -> None:
@@ -101,7 +102,10 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         bytes, no collisions; str keys are UTF-8 encoded).
       value_dtype: what the tables store: ``tf.float32`` (default), float16 / bfloat16 (2 bytes per
         element; trained with float32 arithmetic), float64, or int8 / int32 / int64 (counters,
-        id maps: every operation but training; their initializer must be a constant).
+        id maps: every operation but training; their initializer must be a constant), or
+        ``tf.string`` (int64/int32 keys only, as in TFRA: rows of dim byte strings for lookups,
+        upserts, removal, export and checkpoints; ``initializer`` is the default row, see
+        ``dualemb.tf.initializers.string_spec``; never trained).
       dim: length of each row.
       devices: one table per entry (default ``["/CPU:0"]``); each table lives in the host memory
         of its entry's task (a GPU entry means that task's CPU), and the ops on it run there.
@@ -156,7 +160,13 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             raise TypeError(f"kv_creator must be a KVCreator, got {kv_creator!r}")
         self._kv_creator = kv_creator
         self._initializer = initializer
-        self._initializer_spec = de_inits.to_spec(initializer, self._dim, name)
+        if self._value_dtype == tf.string:
+            if self._key_dtype == tf.string:
+                raise TypeError("key-value dtype (string-string) is not supported (nor is it in "
+                                "TFRA): a string-valued Variable needs int64 or int32 keys")
+            self._initializer_spec = de_inits.string_spec(initializer, self._dim)
+        else:
+            self._initializer_spec = de_inits.to_spec(initializer, self._dim, name)
         self._optimizer_spec = None
         self._optimizer_owner = None
         self._trainable_store = {}
@@ -418,6 +428,9 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         with exists False is inserted with new, a present key with exists True gets += delta,
         anything else is ignored (TFRA's rule). Returns how many keys a capacity limit evicted
         (int64 scalar, summed over the shards)."""
+        if self._value_dtype == tf.string:
+            raise TypeError(f"accum is not defined for Variable {self._name!r} of value_dtype "
+                            "string (it adds numbers); use upsert")
         keys = self._keys(keys)
         old_values = self._rows(old_values, keys, "old_values")
         new_values = self._rows(new_values, keys, "new_values")

@@ -17,6 +17,10 @@ std::shared_ptr<Storage> make_storage(const std::string& config) {
     throw std::invalid_argument("table config: backend '" + backend +
                                 "' does not support key_dtype 'string' (use the in-memory "
                                 "backend)");
+  if (c.get_string("value_dtype", "float32") == "string")
+    throw std::invalid_argument("table config: backend '" + backend +
+                                "' does not support value_dtype 'string' (use the in-memory "
+                                "backend)");
   if (backend == "redis") return make_redis_storage(config);
   throw std::invalid_argument("table config: unknown backend '" + backend +
                               "' (known: memory, redis)");

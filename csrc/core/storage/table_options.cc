@@ -1,6 +1,8 @@
 #include "table_options.h"
 
+#include "../string_values.h"
 #include "../value_dtype.h"
+#include "../dualemb_core.h"
 
 #include <cmath>
 #include <stdexcept>
@@ -16,6 +18,8 @@ int parse_key_dtype(const std::string& s) {
   throw std::invalid_argument("unsupported key_dtype '" + s +
                               "' (supported: int64, int32, string)");
 }
+
+TableOptions read_rest(const Config& c, TableOptions o);
 
 }  // namespace
 
@@ -38,6 +42,16 @@ TableOptions read_table_options(const Config& c) {
   const std::string vdt = c.get_string("value_dtype", "float32");
   o.value_dtype = parse_value_dtype(vdt);
   o.value_size = value_dtype_size(o.value_dtype);
+  if (o.value_dtype == DE_VALUE_STRING) {
+    // Rows hold handles into the table's string pool (string_values.h); handle 0 is the
+    // column's default string, so every initial row is all zero bytes.
+    if (o.key_dtype == DE_KEY_STRING)
+      throw std::invalid_argument("value dtype string needs int64 or int32 keys (string keys with "
+                                  "string values are not supported; TFRA has no such table either)");
+    string_default_row(c, o.dim);  // checks (and echoes) the initializer members
+    o.initial_row.assign(o.value_size * static_cast<size_t>(o.dim), 0);
+    return read_rest(c, o);
+  }
   o.init = Initializer::from_config(c, o.dim);
   if (value_dtype_is_integer(o.value_dtype) && !o.init.is_constant())
     throw std::invalid_argument("a table of value dtype " + vdt + " takes only a constant " +
@@ -46,6 +60,12 @@ TableOptions read_table_options(const Config& c) {
                                 "' draws random floats");
   if (o.value_dtype != DE_VALUE_FLOAT32 && o.init.is_constant())
     o.initial_row = constant_row(o.value_dtype, o.init.constant_values());
+  return read_rest(c, o);
+}
+
+namespace {
+// The members after the initializer (capacity, eviction, threads).
+TableOptions read_rest(const Config& c, TableOptions o) {
   o.capacity = c.get_int("capacity", 0);
   if (o.capacity < 0) throw std::invalid_argument("capacity must be >= 0 (0 = unlimited)");
   std::string ep = c.get_string("evict_policy", "recency");
@@ -59,6 +79,7 @@ TableOptions read_table_options(const Config& c) {
   c.drop_echo("num_threads");
   return o;
 }
+}  // namespace
 
 void refuse_unused(const Config& c) {
   const std::string unused = c.first_unread();

@@ -12,6 +12,7 @@ import numpy as np
 
 from dualemb.core.checkpoint import _fs, _manifest
 from dualemb.core.checkpoint import _string_keys as _skeys
+from dualemb.core.checkpoint import _string_values as _svals
 from dualemb.core.checkpoint._manifest import (KEY_DTYPES, META_TENSORS, SLOT_PREFIX,
                                                VALUE_DTYPES, CheckpointError)
 from dualemb.core.checkpoint._result import Checkpoint
@@ -109,7 +110,10 @@ class _Job:
 def _expected_tensors(entry: dict) -> dict:
     v_dtype = VALUE_DTYPES[entry["value_dtype"]]
     dim = entry["dim"]
-    out = {"values": (v_dtype, dim)}
+    if _svals.is_string(entry):  # shapes "n*dim+1" and "1-d": see _open_and_check
+        out = {_svals.OFFSETS: ("I64", "n*dim+1"), _svals.BYTES: ("U8", "1-d")}
+    else:
+        out = {"values": (v_dtype, dim)}
     if _skeys.is_string(entry):  # shapes "n+1" and "1-d": see _open_and_check
         out.update({_skeys.OFFSETS: ("I64", "n+1"), _skeys.BYTES: ("U8", "1-d")})
     else:
@@ -177,6 +181,8 @@ def _open_and_check(job: _Job, root: str) -> None:
             t = s["tensors"][tname]
             if dim == "n+1":
                 shape = [s["rows"] + 1]
+            elif dim == "n*dim+1":
+                shape = [s["rows"] * e["dim"] + 1]
             elif dim == "1-d":
                 shape = t["shape"] if len(t["shape"]) == 1 else ["any"]
             else:
@@ -274,8 +280,15 @@ def _read_page(r: Reader, e: dict, row0: int, m: int) -> dict:
             "values": np.empty((m, dim), vd),
             "last_update": np.empty(m, np.int64), "update_count": np.empty(m, np.int64),
             "slots": None}
-    for name in ("values", "last_update", "update_count") + (() if strings else ("keys",)):
+    string_values = _svals.is_string(e)
+    for name in (("last_update", "update_count") + (() if string_values else ("values",))
+                 + (() if strings else ("keys",))):
         r.read(name, row0, page[name])
+    if string_values:
+        try:
+            page["values"] = _svals.read_page(r, row0, m, dim, f"table shard file {r.path}")
+        except _svals.CorruptValues as exc:
+            raise CheckpointError(str(exc)) from None
     if strings:
         try:
             page["keys"] = _skeys.read_page(r, row0, m, f"table shard file {r.path}")

@@ -21,9 +21,10 @@ DENSE_FILE = "dense.safetensors"
 
 # "string" keys are stored as key_offsets + key_bytes (checkpoint/_string_keys.py), not `keys`.
 KEY_DTYPES = {"int64": "I64", "int32": "I32", "string": None}
-# Values and slots are stored in the table's own value dtype (dualemb.core.value_dtypes).
+# Values and slots are stored in the table's own value dtype (dualemb.core.value_dtypes);
+# "string" values as value_offsets + value_bytes (checkpoint/_string_values.py), not `values`.
 VALUE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
-                "int8": "I8", "int32": "I32", "int64": "I64"}
+                "int8": "I8", "int32": "I32", "int64": "I64", "string": None}
 META_TENSORS = ("last_update", "update_count")
 SLOT_PREFIX = "slot."
 

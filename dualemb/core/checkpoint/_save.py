@@ -12,6 +12,7 @@ import numpy as np
 
 from dualemb.core.checkpoint import _fs
 from dualemb.core.checkpoint import _string_keys as _skeys
+from dualemb.core.checkpoint import _string_values as _svals
 from dualemb.core.checkpoint._manifest import (DENSE_FILE, FORMAT, SLOT_PREFIX, VERSION,
                                                CheckpointError, dumps, shard_file_name)
 from dualemb.core.checkpoint._manifest import write_files as write_manifest_files
@@ -111,8 +112,14 @@ def _write_shard(table, path: str, name: str, shard: int, info: dict, page_rows:
         key_tensors = _skeys.tensors(n, key_bytes)
     else:
         key_tensors = [("keys", key_dtype, (n,))]
+    string_values = _svals.is_string(info)
+    if string_values:
+        value_bytes = _svals.count_value_bytes(table, n, max(1, min(int(page_rows), 1 << 14)))
+        value_tensors = _svals.tensors(n, dim, value_bytes)
+    else:
+        value_tensors = [("values", value_dtype, (n, dim))]
     tensors = [("last_update", np.int64, (n,)), ("update_count", np.int64, (n,)),
-               *key_tensors, ("values", value_dtype, (n, dim))]
+               *key_tensors, *value_tensors]
     tensors += [(SLOT_PREFIX + s, value_dtype, (n, dim)) for s in slot_names]
     writer = Writer(path, tensors, {"format": FORMAT, "table": name, "shard": str(shard)})
     row_bytes = value_dtype.itemsize * dim * (1 + ns) + 16 + key_dtype.itemsize
@@ -135,9 +142,12 @@ def _write_shard(table, path: str, name: str, shard: int, info: dict, page_rows:
     inflight: list = []  # futures of the page being written while the next one is exported
     done = 0
     key_writer = None
+    value_writer = None
     try:
         if strings:
             key_writer = _skeys.KeyWriter(writer, key_bytes)
+        if string_values:
+            value_writer = _svals.ValueWriter(writer, dim, value_bytes)
         while done < n:
             page = _export_page(table, done, min(rows_per_page, n - done))
             m = len(page["keys"])
@@ -146,8 +156,13 @@ def _write_shard(table, path: str, name: str, shard: int, info: dict, page_rows:
             for f in inflight:
                 f.result()
             inflight = []
-            for tname in ("last_update", "update_count", "values"):
+            for tname in ("last_update", "update_count") + (() if string_values else ("values",)):
                 inflight += put(tname, done, page[tname])
+            if value_writer is not None:
+                try:
+                    value_writer.write_page(done, page["values"])
+                except _svals.CorruptValues:
+                    clock0 = None  # modified while saved: reported below
             if key_writer is None:
                 inflight += put("keys", done, page["keys"])
             else:
@@ -162,7 +177,8 @@ def _write_shard(table, path: str, name: str, shard: int, info: dict, page_rows:
             f.result()
         inflight = []
         if done != n or table.clock != clock0 or list(table.slot_names) != slot_names or \
-                (key_writer is not None and not key_writer.complete()):
+                (key_writer is not None and not key_writer.complete()) or \
+                (value_writer is not None and not value_writer.complete()):
             raise CheckpointError(
                 f"table {name!r} shard {shard} was modified while it was being saved "
                 f"({done} of {n} rows exported); save again while no thread writes to it")

@@ -45,23 +45,26 @@ def tensors(n: int, total_bytes: int) -> list:
 
 
 class KeyWriter:
-    """Writes pages of keys (in table order) into the two tensors of one shard file."""
+    """Writes pages of keys (in table order) into the two tensors of one shard file. The same
+    layout stores a string table's values (checkpoint/_string_values.py) under other names."""
 
-    def __init__(self, writer, total_bytes: int):
+    def __init__(self, writer, total_bytes: int, offsets: str = OFFSETS, data: str = BYTES):
         self._writer = writer
         self._total = total_bytes
         self._used = 0
-        writer.write_at(OFFSETS, 0, np.zeros(1, np.int64))
+        self._offsets, self._data = offsets, data
+        writer.write_at(offsets, 0, np.zeros(1, np.int64))
 
     def write_page(self, row0: int, keys) -> None:
+        """`keys`: the strings of elements [row0, row0 + len(keys))."""
         lengths = np.fromiter((len(k) for k in keys), np.int64, len(keys))
         ends = self._used + np.cumsum(lengths)
         if len(keys) and ends[-1] > self._total:
-            raise CorruptKeys("keys grew while the table was being saved")
-        self._writer.write_at(OFFSETS, 8 * (row0 + 1), ends)
+            raise CorruptKeys(f"{self._data} grew while the table was being saved")
+        self._writer.write_at(self._offsets, 8 * (row0 + 1), ends)
         data = b"".join(keys)
         if data:
-            self._writer.write_at(BYTES, self._used, np.frombuffer(data, np.uint8))
+            self._writer.write_at(self._data, self._used, np.frombuffer(data, np.uint8))
         self._used += len(data)
 
     def complete(self) -> bool:
@@ -74,17 +77,19 @@ def expected_shapes(rows: int, tensors_entry: dict) -> dict:
     return {OFFSETS: ("I64", [rows + 1]), BYTES: ("U8", list(nbytes) if len(nbytes) == 1 else [-1])}
 
 
-def read_page(reader, row0: int, m: int, label: str) -> np.ndarray:
+def read_page(reader, row0: int, m: int, label: str, offsets: str = OFFSETS,
+              data_name: str = BYTES) -> np.ndarray:
     """Keys [row0, row0 + m) as an object array of bytes; refuses offsets that are not
-    non-decreasing or point past key_bytes (a corrupt file that passed its checksum)."""
+    non-decreasing or point past key_bytes (a corrupt file that passed its checksum). With other
+    tensor names it reads string values the same way (elements instead of rows)."""
     offs = np.empty(m + 1, np.int64)
-    reader.read(OFFSETS, row0, offs)
-    total = reader.shape(BYTES)[0]
+    reader.read(offsets, row0, offs)
+    total = reader.shape(data_name)[0]
     if (row0 == 0 and offs[0] != 0) or np.any(np.diff(offs) < 0) or offs[0] < 0 \
             or offs[-1] > total:
-        raise CorruptKeys(f"{label}: key_offsets are not non-decreasing offsets into key_bytes")
+        raise CorruptKeys(f"{label}: {offsets} are not non-decreasing offsets into {data_name}")
     data = np.empty(int(offs[-1] - offs[0]), np.uint8)
-    reader.read(BYTES, int(offs[0]), data)
+    reader.read(data_name, int(offs[0]), data)
     raw = data.tobytes()
     base = int(offs[0])
     out = np.empty(m, object)

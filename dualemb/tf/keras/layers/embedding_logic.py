@@ -133,6 +133,10 @@ class EmbeddingLogic:
         self.embedding_size = int(embedding_size)
         self.key_dtype = tf.as_dtype(key_dtype)
         self.value_dtype = tf.as_dtype(value_dtype)
+        if self.value_dtype == tf.string:
+            # Embedding layers combine and train rows numerically: refused before any table.
+            raise TypeError(f"layer {name!r}: a Keras embedding layer needs numeric rows; "
+                            "value_dtype tf.string serves de.Variable lookups and upserts only")
         self.combiner = combiner
         self.initializer = (self._keras.initializers.RandomNormal() if initializer is None
                             else self._deserialize_initializer(initializer))
