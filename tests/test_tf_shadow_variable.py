@@ -212,3 +212,25 @@ def test_shadow_as_a_tf_function_argument(var_list):
     # d(sum)/d(row) = 1 for each key, one SGD step of 1.0: 0.1 - 1.
     np.testing.assert_allclose(params.lookup(tf.range(6, dtype=tf.int64)), np.full((6, 2), -0.9),
                                rtol=1e-6)
+
+
+def test_checkpoint_clears_the_kept_rows_and_restores_the_table(tmp_path):
+    """TFRA's test_save_and_restore_with_trace: saving clears the shadow's buffer (shape
+    (0, dim)); the restored table serves the saved rows."""
+    module = tf.Module()
+    module.params = _params("sv_ckpt")
+    module.shadow = de.shadow_ops.ShadowVariable(module.params, name="sv_ckpt_shadow")
+    keys = tf.constant([1, 2, 3], tf.int64)
+    rows = [[1., 1.], [2., 2.], [3., 3.]]
+    np.testing.assert_array_equal(de.shadow_ops.embedding_lookup(module.shadow, keys), rows)
+    np.testing.assert_array_equal(module.shadow.read_value(False), rows)
+    path = de.train.DECheckpoint(module).save(str(tmp_path / "model"))
+    assert module.shadow.read_value(False).shape == (0, 2)
+    assert module.shadow.ids.numpy().tolist() == []
+    fresh = tf.Module()
+    fresh.params = de.Variable(dim=2, name="sv_ckpt_restored", initializer=0.1)
+    fresh.shadow = de.shadow_ops.ShadowVariable(fresh.params, name="sv_ckpt_shadow")
+    de.train.DECheckpoint(fresh).restore(path).assert_consumed()
+    assert int(fresh.shadow.size()) == 3
+    assert fresh.shadow.read_value(False).shape == (0, 2)
+    np.testing.assert_array_equal(de.shadow_ops.embedding_lookup(fresh.shadow, keys), rows)

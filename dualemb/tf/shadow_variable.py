@@ -14,6 +14,8 @@ lookup:
   updated values;
 - ``exists``: whether each key of ``ids`` was in the table at the last prefetch;
 - ``size()``: the table's size; ``params``: the Variable; ``embedding_lookup(ids, ...)``.
+- a TF checkpoint that saves or restores the shadow clears ``ids``, ``exists`` and the kept rows
+  (as TFRA clears its shadow buffers when saving).
 
 The lookup functions (``de.embedding_lookup``, ``embedding_lookup_unique``,
 ``embedding_lookup_sparse``, ``safe_embedding_lookup_sparse`` and ``de.shadow_ops``' own) take a
@@ -95,6 +97,16 @@ class ShadowVariable(TrainableWrapper):
         if sparse_weights is not None and sparse_weights.dtype != self.params.value_dtype:
             raise TypeError(f"sparse_weights have dtype {sparse_weights.dtype.name}, expected "
                             f"{self.params.value_dtype.name}")
+
+    def _serialize_to_tensors(self):
+        # A TF checkpoint saves or restores through this shadow: its kept ids and rows (a cache
+        # of the last lookup; the table itself is saved by its Variable) are cleared, as TFRA
+        # clears its shadow buffers, so that rows read before a restore are never served after.
+        if tf.executing_eagerly():
+            self.ids.assign(tf.zeros([0], self.params.key_dtype))
+            self.exists.assign(tf.zeros([0], tf.bool))
+            self._kept_rows.assign(tf.zeros([0, self.params.dim], self.params.value_dtype))
+        return super()._serialize_to_tensors()
 
     # ---- hooks of the lookup (row_lookup.py) and the optimizer step (row_update.py) ------------
     def _record_lookup(self, keys, rows):
