@@ -234,3 +234,24 @@ def test_checkpoint_clears_the_kept_rows_and_restores_the_table(tmp_path):
     assert int(fresh.shadow.size()) == 3
     assert fresh.shadow.read_value(False).shape == (0, 2)
     np.testing.assert_array_equal(de.shadow_ops.embedding_lookup(fresh.shadow, keys), rows)
+
+
+def test_two_shadows_of_one_name_each_take_their_own_lookups():
+    """A model built twice over one Variable (get_variable's store) makes a second shadow of the
+    same name: lookups through the first must still record into and train the first."""
+    params = _params("sv_twice")
+    first = de.shadow_ops.ShadowVariable(params, name="sv_twice_shadow")
+    second = de.shadow_ops.ShadowVariable(params, name="sv_twice_shadow")
+    ids = tf.constant([1, 3], tf.int64)
+    np.testing.assert_array_equal(de.shadow_ops.embedding_lookup(first, ids),
+                                  [[1., 1.], [3., 3.]])
+    assert first.ids.numpy().tolist() == [1, 3]
+    assert second.ids.numpy().tolist() == []
+    opt = de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.5))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(de.embedding_lookup(first, ids))
+    grads = tape.gradient(loss, [first])
+    assert grads[0] is not None  # the gradient reaches the shadow looked up through
+    opt.apply_gradients(zip(grads, [first]))
+    np.testing.assert_allclose(params.lookup(ids), [[0.5, 0.5], [2.5, 2.5]])
+    np.testing.assert_allclose(first.read_value(False), [[0.5, 0.5], [2.5, 2.5]])

@@ -25,6 +25,7 @@ def _resolve(params, fn: str, name, max_norm):
     """(Variable, wrapper name, max_norm) for ``params``, a Variable or a ``ShadowVariable``
     (whose lookups train through it, clipped by its ``max_norm`` unless one is given)."""
     if isinstance(params, ShadowVariable):
+        params._register()  # the shadow looked up through is the one that records and trains
         return params.params, params.de_name, params.max_norm if max_norm is None else max_norm
     if not isinstance(params, Variable):
         raise TypeError(f"{fn} expects a dualemb.tf.Variable or a ShadowVariable as params (one "

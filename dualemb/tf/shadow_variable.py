@@ -62,7 +62,13 @@ class ShadowVariable(TrainableWrapper):
             self._kept_rows = tf.Variable(
                 tf.zeros([0, params.dim], params.value_dtype), trainable=False,
                 shape=tf.TensorShape(None), name=f"{name}-rows".replace("/", "_"))
-        params._trainable_store[name] = self  # lookups under `name` train through it
+        self._register()
+
+    def _register(self) -> None:
+        """Makes lookups under this shadow's name record into and train through this shadow.
+        Called again by every lookup through it: a second ShadowVariable of one name on the
+        same Variable (a model built twice) must not take the first one's lookups."""
+        self.params._trainable_store[self.de_name] = self
 
     # ---- TFRA's API --------------------------------------------------------------------------------
     def size(self):
@@ -84,6 +90,7 @@ class ShadowVariable(TrainableWrapper):
 
     def embedding_lookup(self, ids, name=None, max_norm=None, return_trainable=False):
         """``de.embedding_lookup(self, ids, ...)``: through this shadow (its name)."""
+        self._register()
         return lookup_ids(self.params, ids, name=self.de_name,
                           max_norm=self.max_norm if max_norm is None else max_norm,
                           return_trainable=return_trainable)

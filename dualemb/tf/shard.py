@@ -43,6 +43,13 @@ def host_device(device: str) -> str:
     return spec.replace(device_type="CPU", device_index=0).to_string()
 
 
+def _refuse_tracing(what: str) -> None:
+    # These read and write files from Python: traced, they would run once, at trace time.
+    if not tf.executing_eagerly():
+        raise RuntimeError(f"TableShard.{what} runs eagerly (it would run only once inside a "
+                           "tf.function or TF1 graph); call it outside")
+
+
 class TableShard(tf.saved_model.experimental.TrackableResource):
     """One shard of a Variable.
 
@@ -132,20 +139,24 @@ class TableShard(tf.saved_model.experimental.TrackableResource):
                             append_to_file=False, buffer_size=4194304, name=None):
         """TFRA's table-level save: this table alone, in the common format, to
         ``<dirpath>/<file_name or this shard's name>`` (see ``dualemb/tf/file_system.py``)."""
+        _refuse_tracing("save_to_file_system")
         if append_to_file:
             raise NotImplementedError("append_to_file: each save writes a complete directory")
-        return file_system.save_shard_to_file_system(self, dirpath, file_name, dirpath_env)
+        path = file_system.save_shard_to_file_system(self, dirpath, file_name, dirpath_env)
+        return tf.constant(path)  # a tensor, as TFRA's op (tf.test's evaluate() takes it)
 
     def load_from_file_system(self, dirpath, file_name=None, dirpath_env="TFRA_SAVED_KV",
                               load_entire_dir=False, buffer_size=4194304, name=None):
         """TFRA's table-level load: the saved rows go into this shard's Variable, each key to
         the shard it routes to (see ``dualemb/tf/file_system.py``)."""
+        _refuse_tracing("load_from_file_system")
         ref = getattr(self, "_variable_ref", None)
         variable = ref() if ref is not None else None
         if variable is None:
             raise ValueError(f"{self!r} belongs to no live de.Variable to load into")
-        return file_system.load_shard_from_file_system(self, variable, dirpath, file_name,
+        size = file_system.load_shard_from_file_system(self, variable, dirpath, file_name,
                                                        load_entire_dir, dirpath_env)
+        return tf.constant(size, tf.int64)  # the Variable's size after
 
     def slot_names(self) -> list[str]:
         from dualemb.core import Table  # host-side metadata through the pybind module
