@@ -109,6 +109,18 @@ def test_wrong_shape_inside_a_function_is_an_op_error(var):
     assert int(single.size()) == 0
 
 
+def test_lookup_takes_a_list_of_one_variable_as_tfra(var):
+    """TFRA's lookups take ``[var]`` (tf.nn.embedding_lookup's form) as ``var``; two refused."""
+    ids = tf.constant([[1, 9], [2, 1]], tf.int64)
+    want = var.lookup(ids).numpy()
+    for fn in (de.embedding_lookup, de.embedding_lookup_unique):
+        np.testing.assert_array_equal(fn([var], ids).numpy(), want)
+        np.testing.assert_array_equal(fn((var,), ids).numpy(), want)
+        with pytest.raises(TypeError, match="dualemb.tf.Variable"):
+            fn([var, var], ids)
+    _unchanged(var)
+
+
 @pytest.mark.parametrize("params", [tf.Variable(tf.zeros([3, 3])), [None], np.zeros((3, 3)),
                                     "table"])
 def test_lookup_needs_a_dynamic_embedding_variable(params):
