@@ -375,6 +375,9 @@ class KvRunner:
             self.vars.pop((backend, dim), None)
             self.fns.pop((backend, dim), None)
         self.batches = {k: v for k, v in self.batches.items() if k[1] != dim}
+        # get_variable's store (TFRA's and dualemb's alike: the default graph's) holds the
+        # variables too; a fresh default graph lets them go.
+        self.tf.compat.v1.reset_default_graph()
         return {}
 
 

@@ -44,6 +44,24 @@ def test_key_dtype_mismatch(var, keys):
     _unchanged(var)
 
 
+@pytest.mark.parametrize("keys, values", [
+    (tf.constant([4.0, 5.0]), tf.zeros([2, 3])),            # keys of another dtype
+    (tf.constant([7, 8], tf.int64), tf.constant([["a"] * 3] * 2)),  # rows of another dtype
+    ([4.5, 5.5], tf.zeros([2, 3])),                         # Python floats as keys
+])
+def test_dtype_mismatch_is_both_type_and_value_error(var, keys, values):
+    """TFRA raises ValueError (TF's convert_to_tensor), dualemb's contract says TypeError: code
+    written for either catches the same exception."""
+    from dualemb.tf.errors import DtypeMismatchError
+    for expected in (TypeError, ValueError, DtypeMismatchError):
+        with pytest.raises(expected, match="dtype"):
+            var.upsert(keys, values)
+    if not isinstance(keys, list):
+        with pytest.raises(ValueError, match="dtype"):
+            var.lookup(tf.constant([1, 2], tf.int32))
+    _unchanged(var)
+
+
 def test_int32_table_refuses_int64_ids_without_truncating():
     v = de.Variable(key_dtype=tf.int32, dim=1, name="bad_int32")
     with pytest.raises(TypeError, match="int64"):
@@ -89,6 +107,18 @@ def test_wrong_shape_inside_a_function_is_an_op_error(var):
     with pytest.raises(tf.errors.InvalidArgumentError, match="keys.shape"):
         upsert_single(tf.constant([7, 8, 9, 10], tf.int64), tf.zeros([2, 6]))
     assert int(single.size()) == 0
+
+
+def test_lookup_takes_a_list_of_one_variable_as_tfra(var):
+    """TFRA's lookups take ``[var]`` (tf.nn.embedding_lookup's form) as ``var``; two refused."""
+    ids = tf.constant([[1, 9], [2, 1]], tf.int64)
+    want = var.lookup(ids).numpy()
+    for fn in (de.embedding_lookup, de.embedding_lookup_unique):
+        np.testing.assert_array_equal(fn([var], ids).numpy(), want)
+        np.testing.assert_array_equal(fn((var,), ids).numpy(), want)
+        with pytest.raises(TypeError, match="dualemb.tf.Variable"):
+            fn([var, var], ids)
+    _unchanged(var)
 
 
 @pytest.mark.parametrize("params", [tf.Variable(tf.zeros([3, 3])), [None], np.zeros((3, 3)),

@@ -149,6 +149,27 @@ def test_minimize(name):
     np.testing.assert_allclose(w.numpy(), want_w, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("name", ["v1_adam", "k2_legacy_adam", "tf_python_keras_adam"])
+def test_minimize_with_a_var_list_the_loss_fills(name):
+    """TFRA's pattern: ``var_list`` is an empty list that the loss function fills with the
+    lookup's trainable. TF1 and legacy Keras read the list after running the loss; a copy taken
+    before would be empty and the step would silently train nothing."""
+    var, w = _variable(), _dense_weight()
+    optimizer = de.DynamicEmbeddingOptimizer(OPTIMIZERS[name]())
+    for ids in BATCHES:
+        var_list = []
+
+        def loss_fn(ids=ids, var_list=var_list):
+            rows, anchor = de.embedding_lookup(var, tf.constant(ids), return_trainable=True)
+            var_list[:] = [anchor, w]
+            return _loss(rows, w)
+
+        optimizer.minimize(loss_fn, var_list=var_list)
+    want_rows, want_w = _train_dense(OPTIMIZERS[name]())
+    np.testing.assert_allclose(var.lookup(KEYS).numpy(), want_rows, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(w.numpy(), want_w, rtol=2e-5, atol=2e-6)
+
+
 def test_wrapping_returns_the_same_optimizer_and_keeps_its_name_and_config():
     adam = tf_keras.optimizers.Adam(0.1, beta_1=0.8)
     wrapped = de.DynamicEmbeddingOptimizer(adam)

@@ -78,6 +78,18 @@ def test_frequency_counts_each_id_once_per_batch_tfra_example():
     assert int(v.size()) == 0  # the status is not the variable
 
 
+@pytest.mark.parametrize("policy, alias", [(de.FrequencyRestrictPolicy, "freq_var"),
+                                           (de.TimestampRestrictPolicy, "tstp_var")])
+def test_tfra_status_attribute_names(policy, alias):
+    """TFRA code reads the status as policy.freq_var / policy.tstp_var."""
+    v = _var(2, restrict_policy=policy)
+    for ids in ([[1, 2], [3, 3]], [3, 4]):
+        v.restrict_policy.apply_update(tf.constant(ids, tf.int64))
+    keys, scores = getattr(v.restrict_policy, alias).export()
+    assert dict(zip(keys.numpy().tolist(), scores.numpy().tolist())) == _status(v.restrict_policy)
+    assert sorted(keys.numpy().tolist()) == [1, 2, 3, 4]
+
+
 @pytest.mark.parametrize("shards", [1, 3])
 @pytest.mark.parametrize("in_function", [False, True])
 def test_frequency_status_matches_reference(shards, in_function):

@@ -118,6 +118,30 @@ def test_checkpoint_reshards(tmp_path, shards_after):
     assert other.size().numpy() == len(keys)
 
 
+@pytest.mark.parametrize("shards_after", [1, 3])
+def test_de_checkpoint_saves_and_reshards_like_tf_checkpoint(tmp_path, shards_after):
+    """TFRA's de.train.DECheckpoint: a tf.train.Checkpoint (same files, either reads the other's)
+    that carries the tables, restored into another shard count."""
+    from dualemb.tf.train import DECheckpoint
+    var, keys = trained_variable(shards=2)
+    before = contents(var)
+    module = tf.Module()
+    module.emb = var
+    ckpt = DECheckpoint(module)
+    assert isinstance(ckpt, tf.train.Checkpoint)
+    path = ckpt.save(str(tmp_path / "ckpt"))
+    other = tf.Module()
+    other.emb = Variable(dim=4, devices=["/CPU:0"] * shards_after, name="emb2")
+    other.emb.upsert(tf.constant([5, 6], tf.int64), tf.ones([2, 4]))  # replaced, not merged
+    DECheckpoint(other).restore(path).assert_consumed()
+    after = contents(other.emb)
+    assert {k: v[:4] for k, v in after.items()} == {k: v[:4] for k, v in before.items()}
+    third = tf.Module()
+    third.emb = Variable(dim=4, devices=["/CPU:0"], name="emb3")
+    tf.train.Checkpoint(third).restore(path).assert_consumed()  # plain TF reads it too
+    assert {k: v[:2] for k, v in contents(third.emb).items()} == rows_only(before)
+
+
 def test_restore_attaches_the_saved_optimizer(tmp_path):
     var, _ = trained_variable()
     before = contents(var)
@@ -383,6 +407,36 @@ def test_save_to_file_system_round_trip(tmp_path):
     finally:
         del os.environ["DUALEMB_TEST_KV"]
     assert {k: v[:4] for k, v in contents(other).items()} == {k: v[:4] for k, v in before.items()}
+
+
+def test_table_level_file_system_save_and_load_route_keys(tmp_path):
+    """TFRA's var.tables[i].save_to_file_system / load_from_file_system (file:// URLs, file_name,
+    load_entire_dir): the loaded keys land in the shard the partitioner routes them to, so
+    lookups through the Variable find every one (reference: the source's rows)."""
+    var, keys = trained_variable(name="src", shards=2)
+    before = contents(var)
+    url = "file://" + str(tmp_path / "fs")
+    for t in var.tables:
+        t.save_to_file_system(url)
+    dest = Variable(dim=4, devices=["/CPU:0"] * 2, name="dst")
+    dest.upsert(tf.constant([999_999], tf.int64), tf.ones([1, 4]))  # kept: a load merges
+    dest.tables[0].load_from_file_system(url, file_name="src", load_entire_dir=True)
+    after = contents(dest)
+    assert {k: v[:4] for k, v in after.items() if k != 999_999} == {
+        k: v[:4] for k, v in before.items()}
+    assert 999_999 in after
+    sid = route(dest, np.array(sorted(after), np.int64))
+    assert [after[k][4] for k in sorted(after)] == sid.tolist()
+    np.testing.assert_array_equal(dest.lookup(tf.constant(keys, tf.int64)).numpy(),
+                                  [before[k][0] for k in keys.tolist()])
+    # One table under a file name of its own, loaded through the other shard of a new Variable.
+    var.tables[0].save_to_file_system(str(tmp_path / "one"), file_name="test")
+    one = Variable(dim=4, devices=["/CPU:0"] * 2, name="one")
+    one.tables[1].load_from_file_system(str(tmp_path / "one"), file_name="test")
+    shard0 = {k: v[0] for k, v in before.items() if v[4] == 0}
+    assert {k: v[0] for k, v in contents(one).items()} == shard0
+    with pytest.raises(CheckpointError, match="no saved table"):
+        one.tables[0].load_from_file_system(str(tmp_path / "one"), file_name="nothing")
 
 
 def test_file_system_ranks_and_entire_dir(tmp_path):

@@ -212,3 +212,46 @@ def test_shadow_as_a_tf_function_argument(var_list):
     # d(sum)/d(row) = 1 for each key, one SGD step of 1.0: 0.1 - 1.
     np.testing.assert_allclose(params.lookup(tf.range(6, dtype=tf.int64)), np.full((6, 2), -0.9),
                                rtol=1e-6)
+
+
+def test_checkpoint_clears_the_kept_rows_and_restores_the_table(tmp_path):
+    """TFRA's test_save_and_restore_with_trace: saving clears the shadow's buffer (shape
+    (0, dim)); the restored table serves the saved rows."""
+    module = tf.Module()
+    module.params = _params("sv_ckpt")
+    module.shadow = de.shadow_ops.ShadowVariable(module.params, name="sv_ckpt_shadow")
+    keys = tf.constant([1, 2, 3], tf.int64)
+    rows = [[1., 1.], [2., 2.], [3., 3.]]
+    np.testing.assert_array_equal(de.shadow_ops.embedding_lookup(module.shadow, keys), rows)
+    np.testing.assert_array_equal(module.shadow.read_value(False), rows)
+    path = de.train.DECheckpoint(module).save(str(tmp_path / "model"))
+    assert module.shadow.read_value(False).shape == (0, 2)
+    assert module.shadow.ids.numpy().tolist() == []
+    fresh = tf.Module()
+    fresh.params = de.Variable(dim=2, name="sv_ckpt_restored", initializer=0.1)
+    fresh.shadow = de.shadow_ops.ShadowVariable(fresh.params, name="sv_ckpt_shadow")
+    de.train.DECheckpoint(fresh).restore(path).assert_consumed()
+    assert int(fresh.shadow.size()) == 3
+    assert fresh.shadow.read_value(False).shape == (0, 2)
+    np.testing.assert_array_equal(de.shadow_ops.embedding_lookup(fresh.shadow, keys), rows)
+
+
+def test_two_shadows_of_one_name_each_take_their_own_lookups():
+    """A model built twice over one Variable (get_variable's store) makes a second shadow of the
+    same name: lookups through the first must still record into and train the first."""
+    params = _params("sv_twice")
+    first = de.shadow_ops.ShadowVariable(params, name="sv_twice_shadow")
+    second = de.shadow_ops.ShadowVariable(params, name="sv_twice_shadow")
+    ids = tf.constant([1, 3], tf.int64)
+    np.testing.assert_array_equal(de.shadow_ops.embedding_lookup(first, ids),
+                                  [[1., 1.], [3., 3.]])
+    assert first.ids.numpy().tolist() == [1, 3]
+    assert second.ids.numpy().tolist() == []
+    opt = de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(0.5))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(de.embedding_lookup(first, ids))
+    grads = tape.gradient(loss, [first])
+    assert grads[0] is not None  # the gradient reaches the shadow looked up through
+    opt.apply_gradients(zip(grads, [first]))
+    np.testing.assert_allclose(params.lookup(ids), [[0.5, 0.5], [2.5, 2.5]])
+    np.testing.assert_allclose(first.read_value(False), [[0.5, 0.5], [2.5, 2.5]])

@@ -193,15 +193,35 @@ def test_table_freed_with_its_variable_and_functions():
     assert _gone(tid)
 
 
-def test_get_variable_reuses_by_name_without_keeping_tables_alive():
-    var = de.get_variable("ownership_by_name", dim=2)
-    assert de.get_variable("ownership_by_name", dim=2) is var
-    tid = var.tables[0].table_id
-    del var
-    gc.collect()
-    assert _gone(tid)
-    fresh = de.get_variable("ownership_by_name", dim=2)
-    assert fresh.tables[0].table_id != tid
+def test_get_variable_store_frees_its_tables_with_the_default_graph():
+    """get_variable's store (TFRA's: the default graph's) holds its variables until the graph
+    is reset, then frees their tables; a new one is made after. In a fresh interpreter: a
+    function traced earlier in this process (a Keras train step kept by TF) would keep the old
+    default graph, and with it the store, alive."""
+    _run("""
+import gc
+import tensorflow as tf
+import dualemb.tf as de
+from dualemb.core import Table
+
+def gone(tid):
+    try:
+        Table.attach(tid)
+    except KeyError:
+        return True
+    return False
+
+var = de.get_variable("ownership_by_name", dim=2)
+assert de.get_variable("ownership_by_name", dim=2) is var
+tid = var.tables[0].table_id
+del var
+gc.collect()
+assert not gone(tid)  # the store still holds it
+tf.compat.v1.reset_default_graph()
+gc.collect()
+assert gone(tid)
+assert de.get_variable("ownership_by_name", dim=2).tables[0].table_id != tid
+""")
 
 
 def test_traced_training_step_does_not_keep_tables_alive():

@@ -13,6 +13,7 @@ import numpy as np
 
 from dualemb.core import checkpoint as _ckpt
 from dualemb.core.checkpoint import CheckpointError
+from dualemb.core.table import Table
 from dualemb.tf import variable_state as state
 
 
@@ -68,9 +69,10 @@ def load_variable_from_file_system(var, dirpath, proc_size=1, proc_rank=0,
     return _load_union(var, dirs)
 
 
-def _load_union(var, dirs: Sequence[str]) -> int:
-    """Loads several single-table checkpoints into scratch tables, then replaces var's contents
-    with their union (routed by var's partitioner)."""
+def _load_union(var, dirs: Sequence[str], replace: bool = True) -> int:
+    """Loads several single-table checkpoints into scratch tables, then writes their union into
+    var (routed by var's partitioner), replacing its contents (or, without ``replace``,
+    overwriting only the keys loaded). Returns var's size after."""
     scratch = []
     try:
         for d in dirs:
@@ -91,7 +93,8 @@ def _load_union(var, dirs: Sequence[str]) -> int:
         for t in shards:
             if opt is not None and t.optimizer != opt:
                 t.set_optimizer(opt)
-            t.clear()
+            if replace:
+                t.clear()
         for s in scratch:
             for page in s.export_pages():
                 k = page["keys"]
@@ -106,3 +109,50 @@ def _load_union(var, dirs: Sequence[str]) -> int:
     finally:
         for s in scratch:
             s.destroy()
+
+
+# ---- one shard (TFRA's table-level save_to_file_system / load_from_file_system) -------------------
+
+def _local_path(dirpath, dirpath_env) -> str:
+    """dirpath (or the env var named by dirpath_env) as a local path; TFRA takes file:// URLs."""
+    base = os.environ.get(dirpath_env) if dirpath_env else None
+    base = os.fspath(base or dirpath)
+    if base.startswith("file://"):
+        base = base[len("file://"):]
+    elif "://" in base:
+        raise ValueError(f"only local paths (or file:// URLs) are supported, got {base!r}")
+    return base
+
+
+def _file_stem(name) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", str(name))
+
+
+def save_shard_to_file_system(shard, dirpath, file_name=None, dirpath_env="TFRA_SAVED_KV") -> str:
+    """``TableShard.save_to_file_system``: writes this one table (rows, slots, metadata) as a
+    common-format checkpoint directory ``<dirpath>/<file_name or the shard's name>``."""
+    path = os.path.join(_local_path(dirpath, dirpath_env), _file_stem(file_name or shard.name))
+    table = Table.attach(shard.table_id, name=str(shard.name))
+    _ckpt.save(path, {str(file_name or shard.name): [table]},
+               metadata={"framework": "tensorflow", "writer": "TableShard.save_to_file_system"})
+    return path
+
+
+def load_shard_from_file_system(shard, var, dirpath, file_name=None, load_entire_dir=False,
+                                dirpath_env="TFRA_SAVED_KV") -> int:
+    """``TableShard.load_from_file_system``: writes the rows saved under
+    ``<dirpath>/<file_name or the shard's name>`` (with ``load_entire_dir``: every saved
+    directory whose name starts with it) into ``var``, the Variable this shard belongs to, each
+    key into the shard var's partitioner routes it to (TFRA puts every key into this table, where
+    lookups through the Variable miss the keys that route elsewhere). Keys not in the files keep
+    their rows. Returns var's size after."""
+    base = _local_path(dirpath, dirpath_env)
+    stem = _file_stem(file_name or shard.name)
+    if load_entire_dir:
+        dirs = sorted(os.path.join(base, d) for d in os.listdir(base)
+                      if d.startswith(stem) and os.path.isdir(os.path.join(base, d)))
+    else:
+        dirs = [os.path.join(base, stem)]
+    if not dirs or not all(os.path.isdir(d) for d in dirs):
+        raise CheckpointError(f"no saved table {stem!r} under {base}")
+    return _load_union(var, dirs, replace=False)

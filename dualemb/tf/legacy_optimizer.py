@@ -298,12 +298,12 @@ class _RoutesEmbeddings:
     # TF1's and tf_keras' ``minimize`` watch ``var_list`` with a GradientTape, which takes
     # tf.Variables only: a Keras 3 anchor is replaced by the tf.Variable it holds, and back.
     def compute_gradients(self, loss, var_list=None, *args, **kwargs):
-        var_list, anchors = _unwrap_anchors(var_list)
+        loss, var_list, anchors = _unwrap_anchors(var_list, loss)
         pairs = super().compute_gradients(loss, var_list, *args, **kwargs)
         return [(g, _anchor_or_variable(v, anchors)) for g, v in pairs]
 
     def _compute_gradients(self, loss, var_list, *args, **kwargs):  # legacy tf_keras
-        var_list, anchors = _unwrap_anchors(var_list)
+        loss, var_list, anchors = _unwrap_anchors(var_list, loss)
         pairs = super()._compute_gradients(loss, var_list, *args, **kwargs)
         return [(g, _anchor_or_variable(v, anchors)) for g, v in pairs]
 
@@ -343,10 +343,13 @@ class _RoutesEmbeddings:
             row_update.fused_step(group, learning_rate, step)
 
 
-def _unwrap_anchors(var_list):
-    """(``var_list`` with each Keras 3 anchor replaced by the tf.Variable it holds, and a dict
-    from that tf.Variable's id to the anchor). A callable ``var_list`` (TF1 / legacy Keras
-    accept one) is wrapped: the dict fills when it is called."""
+def _unwrap_anchors(var_list, loss=None):
+    """(loss, ``var_list`` with each Keras 3 anchor replaced by the tf.Variable it holds, and a
+    dict from that tf.Variable's id to the anchor). A callable ``var_list`` (TF1 / legacy Keras
+    accept one) is wrapped: the dict fills when it is called. With a callable ``loss`` and a
+    list ``var_list``, the list is read after the loss ran, as TF1 and legacy Keras read it
+    (code that fills ``var_list`` with the lookup's ``return_trainable`` inside the loss relies
+    on it; a copy taken before would be empty and the step would silently train nothing)."""
     anchors = {}
 
     def unwrap(variables):
@@ -360,10 +363,19 @@ def _unwrap_anchors(var_list):
         return out
 
     if var_list is None:
-        return None, anchors
+        return loss, None, anchors
     if callable(var_list):
-        return (lambda: unwrap(var_list())), anchors
-    return unwrap(var_list), anchors
+        return loss, (lambda: unwrap(var_list())), anchors
+    if callable(loss) and isinstance(var_list, list):
+        unwrapped = []  # the list the optimizer sees: filled in place once the loss has run
+
+        def loss_then_var_list():
+            value = loss()
+            unwrapped[:] = unwrap(var_list)
+            return value
+
+        return loss_then_var_list, unwrapped, anchors
+    return loss, unwrap(var_list), anchors
 
 
 def _anchor_or_variable(variable, anchors):

@@ -30,7 +30,8 @@ only) rank below every scored key and are evicted first when the shard is still 
 (TFRA never evicts them, so its Variable can stay above ``num_reserved``).
 
 ``policy.status`` reads the statistics: ``export()`` -> (keys, scores int64), ``size()`` (status
-keys), ``lookup(keys)`` (0 for keys without status).
+keys), ``lookup(keys)`` (0 for keys without status); TFRA's attribute names for it,
+``TimestampRestrictPolicy.tstp_var`` and ``FrequencyRestrictPolicy.freq_var``, give the same view.
 """
 
 from __future__ import annotations
@@ -164,9 +165,19 @@ class TimestampRestrictPolicy(RestrictPolicy):
     _kind = "timestamp"
     _field = "last_update"
 
+    @property
+    def tstp_var(self) -> PolicyStatus:
+        """TFRA's name for this policy's status (the same view as ``status``)."""
+        return self.status
+
 
 class FrequencyRestrictPolicy(RestrictPolicy):
     """Keeps the most frequently updated keys."""
 
     _kind = "frequency"
     _field = "update_count"
+
+    @property
+    def freq_var(self) -> PolicyStatus:
+        """TFRA's name for this policy's status (the same view as ``status``)."""
+        return self.status

@@ -14,6 +14,8 @@ lookup:
   updated values;
 - ``exists``: whether each key of ``ids`` was in the table at the last prefetch;
 - ``size()``: the table's size; ``params``: the Variable; ``embedding_lookup(ids, ...)``.
+- a TF checkpoint that saves or restores the shadow clears ``ids``, ``exists`` and the kept rows
+  (as TFRA clears its shadow buffers when saving).
 
 The lookup functions (``de.embedding_lookup``, ``embedding_lookup_unique``,
 ``embedding_lookup_sparse``, ``safe_embedding_lookup_sparse`` and ``de.shadow_ops``' own) take a
@@ -60,7 +62,13 @@ class ShadowVariable(TrainableWrapper):
             self._kept_rows = tf.Variable(
                 tf.zeros([0, params.dim], params.value_dtype), trainable=False,
                 shape=tf.TensorShape(None), name=f"{name}-rows".replace("/", "_"))
-        params._trainable_store[name] = self  # lookups under `name` train through it
+        self._register()
+
+    def _register(self) -> None:
+        """Makes lookups under this shadow's name record into and train through this shadow.
+        Called again by every lookup through it: a second ShadowVariable of one name on the
+        same Variable (a model built twice) must not take the first one's lookups."""
+        self.params._trainable_store[self.de_name] = self
 
     # ---- TFRA's API --------------------------------------------------------------------------------
     def size(self):
@@ -82,6 +90,7 @@ class ShadowVariable(TrainableWrapper):
 
     def embedding_lookup(self, ids, name=None, max_norm=None, return_trainable=False):
         """``de.embedding_lookup(self, ids, ...)``: through this shadow (its name)."""
+        self._register()
         return lookup_ids(self.params, ids, name=self.de_name,
                           max_norm=self.max_norm if max_norm is None else max_norm,
                           return_trainable=return_trainable)
@@ -95,6 +104,16 @@ class ShadowVariable(TrainableWrapper):
         if sparse_weights is not None and sparse_weights.dtype != self.params.value_dtype:
             raise TypeError(f"sparse_weights have dtype {sparse_weights.dtype.name}, expected "
                             f"{self.params.value_dtype.name}")
+
+    def _serialize_to_tensors(self):
+        # A TF checkpoint saves or restores through this shadow: its kept ids and rows (a cache
+        # of the last lookup; the table itself is saved by its Variable) are cleared, as TFRA
+        # clears its shadow buffers, so that rows read before a restore are never served after.
+        if tf.executing_eagerly():
+            self.ids.assign(tf.zeros([0], self.params.key_dtype))
+            self.exists.assign(tf.zeros([0], tf.bool))
+            self._kept_rows.assign(tf.zeros([0, self.params.dim], self.params.value_dtype))
+        return super()._serialize_to_tensors()
 
     # ---- hooks of the lookup (row_lookup.py) and the optimizer step (row_update.py) ------------
     def _record_lookup(self, keys, rows):

@@ -23,12 +23,13 @@ restores the Variable's rows.
 
 from __future__ import annotations
 
+import secrets
 import weakref
 
 import tensorflow as tf
 
 from dualemb.core.spec import parse_description, to_spec
-from dualemb.tf import ops
+from dualemb.tf import file_system, ops
 
 
 def host_device(device: str) -> str:
@@ -40,6 +41,13 @@ def host_device(device: str) -> str:
     if spec.device_type in (None, "CPU"):
         return spec.to_string()
     return spec.replace(device_type="CPU", device_index=0).to_string()
+
+
+def _refuse_tracing(what: str) -> None:
+    # These read and write files from Python: traced, they would run once, at trace time.
+    if not tf.executing_eagerly():
+        raise RuntimeError(f"TableShard.{what} runs eagerly (it would run only once inside a "
+                           "tf.function or TF1 graph); call it outside")
 
 
 class TableShard(tf.saved_model.experimental.TrackableResource):
@@ -54,7 +62,8 @@ class TableShard(tf.saved_model.experimental.TrackableResource):
         creating one; the shard keeps it alive while it lives.
 
     Attributes:
-      table_id: the core table id (Python int), valid while the shard lives.
+      table_id: the core table id (Python int), valid while the shard lives; None for a shard
+        built in a TF1 graph (its session creates the table).
       config: the core config string the table is created from (in a SavedModel too).
       optimizer_spec: the fused optimizer spec string attached to the table ("" for none).
       resource: the table's resource handle tensor: pass this to the ops.
@@ -66,13 +75,18 @@ class TableShard(tf.saved_model.experimental.TrackableResource):
         self.config = config
         self.optimizer_spec = optimizer_spec
         self.name = name
+        # Set before the handle is made: _create_resource names a TF1 graph's table from it.
+        self.table_id = None if table_id is None else int(table_id)
         with tf.init_scope(), tf.device(self._resource_device):
             # Created eagerly, even when the Variable is built inside a function.
             if table_id is None:
                 self._resource_handle = self._create_resource()
             else:
                 self._resource_handle = ops.attach_table(table_id)
-            self.table_id = int(ops.table_id(self._resource_handle))
+            if tf.executing_eagerly():
+                self.table_id = int(ops.table_id(self._resource_handle))
+            # else: built in a TF1 graph (a session makes the table when it first runs the
+            # handle op), so there is no core id to know yet: table_id stays None.
         if table_id is not None:  # a SavedModel of this shard recreates the table as it is
             self.config, self.optimizer_spec = self._description()
 
@@ -94,7 +108,10 @@ class TableShard(tf.saved_model.experimental.TrackableResource):
             # A graph run by a TF1 session: the SavedModel's own graph, where tf.saved_model.save
             # builds the TF1 saver that C++ loaders (TF Serving) run, then serve in later runs.
             # Each run would make a new anonymous table; a name keeps one table per session.
-            session_name = f"dualemb_table_{self.table_id}"
+            # A shard first built in such a graph (import_meta_graph, TF1 code) has no core id
+            # yet: a random one names it, unique in the process like the core's ids.
+            key = self.table_id if self.table_id is not None else secrets.randbits(63)
+            session_name = f"dualemb_table_{key}"
         return ops.table_handle(self.config, self.optimizer_spec, session_name=session_name)
 
     @property
@@ -117,6 +134,29 @@ class TableShard(tf.saved_model.experimental.TrackableResource):
         """(config, optimizer spec) as the strings the handle op takes ("" for no optimizer)."""
         config, opt = self.describe()
         return to_spec(config), ("" if opt is None else to_spec(opt))
+
+    def save_to_file_system(self, dirpath, file_name=None, dirpath_env="TFRA_SAVED_KV",
+                            append_to_file=False, buffer_size=4194304, name=None):
+        """TFRA's table-level save: this table alone, in the common format, to
+        ``<dirpath>/<file_name or this shard's name>`` (see ``dualemb/tf/file_system.py``)."""
+        _refuse_tracing("save_to_file_system")
+        if append_to_file:
+            raise NotImplementedError("append_to_file: each save writes a complete directory")
+        path = file_system.save_shard_to_file_system(self, dirpath, file_name, dirpath_env)
+        return tf.constant(path)  # a tensor, as TFRA's op (tf.test's evaluate() takes it)
+
+    def load_from_file_system(self, dirpath, file_name=None, dirpath_env="TFRA_SAVED_KV",
+                              load_entire_dir=False, buffer_size=4194304, name=None):
+        """TFRA's table-level load: the saved rows go into this shard's Variable, each key to
+        the shard it routes to (see ``dualemb/tf/file_system.py``)."""
+        _refuse_tracing("load_from_file_system")
+        ref = getattr(self, "_variable_ref", None)
+        variable = ref() if ref is not None else None
+        if variable is None:
+            raise ValueError(f"{self!r} belongs to no live de.Variable to load into")
+        size = file_system.load_shard_from_file_system(self, variable, dirpath, file_name,
+                                                       load_entire_dir, dirpath_env)
+        return tf.constant(size, tf.int64)  # the Variable's size after
 
     def slot_names(self) -> list[str]:
         from dualemb.core import Table  # host-side metadata through the pybind module

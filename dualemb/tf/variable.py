@@ -29,7 +29,8 @@ listed in ``dualemb/tf/saving.py``) and anything else that saves or inspects a V
 
 Semantics (as TFRA): lookups never insert (missing keys read as their initializer row); only an
 optimizer step inserts, and exactly the keys it updated. Keys of another dtype than ``key_dtype``
-raise ``TypeError``; rows of the wrong shape raise ``ValueError``; the table is then unchanged.
+raise ``DtypeMismatchError`` (a ``TypeError`` that is also the ``ValueError`` TFRA raises);
+rows of the wrong shape raise ``ValueError``; the table is then unchanged.
 """
 
 from __future__ import annotations
@@ -45,9 +46,10 @@ from dualemb.core import value_dtypes as _value_dtypes
 from dualemb.core.routing import shard_of
 from dualemb.core.table import Table
 from dualemb.core.spec import to_spec
-from dualemb.tf import file_system, ops, tf_checkpoint
+from dualemb.tf import file_system, ops, tf_checkpoint, variable_store
 from dualemb.tf import initializers as de_inits
 from dualemb.tf.distribute.placement import default_devices
+from dualemb.tf.errors import DtypeMismatchError
 from dualemb.tf.distribute import replica_shards
 from dualemb.tf.creators import CuckooHashTableCreator, KVCreator
 from dualemb.tf.policies import RestrictPolicy
@@ -185,7 +187,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                              f"{self._value_dtype.name}): {e.message}") from e
         if self._init_size > 0:
             for shard in shards:
-                Table.attach(shard.table_id).reserve(max(1, self._init_size // n))
+                if shard.table_id is not None:  # None: built in a TF1 graph, no table yet
+                    Table.attach(shard.table_id).reserve(max(1, self._init_size // n))
 
         if restrict_policy is not None:
             if not (isinstance(restrict_policy, type) and issubclass(restrict_policy, RestrictPolicy)):
@@ -293,8 +296,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         if isinstance(keys, (tf.Tensor, tf.Variable, np.ndarray, np.generic)):
             dtype = tf.as_dtype(keys.dtype)
             if dtype != self._key_dtype:
-                raise TypeError(f"{what} have dtype {dtype.name}, but Variable {self._name!r} has "
-                                f"key_dtype {self._key_dtype.name}")
+                raise DtypeMismatchError(f"{what} have dtype {dtype.name}, but Variable "
+                                         f"{self._name!r} has key_dtype {self._key_dtype.name}")
             return tf.convert_to_tensor(keys)
         if self._key_dtype == tf.string:  # str (UTF-8) / bytes, or TypeError naming the element
             return tf.constant(as_string_keys(keys), tf.string)
@@ -302,8 +305,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         # silently wrap 2**40 to 0 when converting to int32).
         arr = np.asarray(keys)
         if arr.dtype.kind not in "iu":
-            raise TypeError(f"{what} must be integers of key_dtype {self._key_dtype.name}, got "
-                            f"{arr.dtype} values")
+            raise DtypeMismatchError(f"{what} must be integers of key_dtype "
+                                     f"{self._key_dtype.name}, got {arr.dtype} values")
         info = np.iinfo(self._key_dtype.as_numpy_dtype)
         if arr.size and (arr.min() < info.min or arr.max() > info.max):
             raise ValueError(f"{what} do not fit Variable {self._name!r}'s key_dtype "
@@ -323,14 +326,15 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         if isinstance(values, (tf.Tensor, tf.Variable, np.ndarray)):
             dtype = tf.as_dtype(values.dtype)
             if dtype != self._value_dtype:
-                raise TypeError(f"{what} have dtype {dtype.name}, but Variable {self._name!r} has "
-                                f"value_dtype {self._value_dtype.name}")
+                raise DtypeMismatchError(f"{what} have dtype {dtype.name}, but Variable "
+                                         f"{self._name!r} has value_dtype {self._value_dtype.name}")
             values = tf.convert_to_tensor(values)
         else:
             try:
                 values = tf.convert_to_tensor(values, self._value_dtype)
             except (TypeError, ValueError) as e:
-                raise TypeError(f"{what} cannot be converted to {self._value_dtype.name}: {e}") from e
+                raise DtypeMismatchError(
+                    f"{what} cannot be converted to {self._value_dtype.name}: {e}") from e
         want = keys.shape.concatenate([self._dim])
         if not values.shape.is_compatible_with(want):
             raise ValueError(f"{what} have shape {values.shape}, expected keys.shape + [dim] = "
@@ -609,31 +613,31 @@ class GraphKeys:
     TRAINABLE_DYNAMIC_EMBEDDING_VARIABLES = "trainable_dynamic_embedding_variables"
 
 
-# get_variable's variables by name. Weak values: a variable nobody else references is freed with
-# its tables (the registry must not keep every table of the process alive forever).
-_VARIABLES: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-
-
 def get_variable(name, key_dtype=tf.int64, value_dtype=tf.float32, dim=1, devices=None,
                  partitioner=default_partition_fn, shared_name="get_variable", initializer=None,
                  trainable=True, checkpoint=True, init_size=0, kv_creator=None,
-                 restrict_policy=None, bp_v2=False):
-    """The Variable named ``name`` if this process made one with ``get_variable`` and it is still
-    alive, otherwise a new one. Reusing a name with another key/value dtype or dim raises
-    ``ValueError``."""
-    existing = _VARIABLES.get(name)
+                 restrict_policy=None, bp_v2=False, short_file_name=False):
+    """The Variable stored under ``name`` (prefixed by the current
+    ``tf.compat.v1.variable_scope`` unless ``short_file_name``), otherwise a new one, stored.
+    TFRA's rules (see ``dualemb/tf/variable_store.py``): one store per default graph, so
+    ``tf.compat.v1.reset_default_graph()`` starts afresh; the store keeps its variables alive.
+    Reusing a name with another key/value dtype or dim raises ``ValueError`` (TFRA would return
+    the existing variable unchanged)."""
+    full_name = name if short_file_name else variable_store.full_name(name)
+    existing = variable_store.lookup(full_name)
     if existing is not None:
         if (existing.key_dtype != tf.as_dtype(key_dtype)
                 or existing.value_dtype != tf.as_dtype(value_dtype) or existing.dim != dim):
             raise ValueError(
-                f"Variable {name!r} already exists with key_dtype={existing.key_dtype.name}, "
-                f"value_dtype={existing.value_dtype.name}, dim={existing.dim}; asked for "
-                f"{tf.as_dtype(key_dtype).name}, {tf.as_dtype(value_dtype).name}, {dim}")
+                f"Variable {full_name!r} already exists with key_dtype="
+                f"{existing.key_dtype.name}, value_dtype={existing.value_dtype.name}, "
+                f"dim={existing.dim}; asked for {tf.as_dtype(key_dtype).name}, "
+                f"{tf.as_dtype(value_dtype).name}, {dim}")
         return existing
     var = Variable(key_dtype=key_dtype, value_dtype=value_dtype, dim=dim, devices=devices,
-                   partitioner=partitioner, shared_name=shared_name, name=name,
+                   partitioner=partitioner, shared_name=shared_name, name=full_name,
                    initializer=initializer, trainable=trainable, checkpoint=checkpoint,
                    init_size=init_size, kv_creator=kv_creator, restrict_policy=restrict_policy,
-                   bp_v2=bp_v2)
-    _VARIABLES[name] = var
+                   bp_v2=bp_v2, short_file_name=short_file_name)
+    variable_store.add(full_name, var)
     return var
