@@ -513,25 +513,32 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
   // Per shard: the distinct keys' rows and gradients. A gradient is read in place unless its key
   // repeats, in which case the sum is built in `summed` (reserved for as many sums as the shard
   // has keys, so it never reallocates). All of it is allocated before any row changes.
+  struct Distinct {
+    int64_t row;
+    const float* grad;  // the key's gradient in `grads` (read in place while it does not repeat)
+    int64_t sum_at;     // offset of its sum in `summed`, or -1
+  };
   struct Work {
     std::unique_ptr<DedupMap> dedup;
-    std::vector<int64_t> rows;
-    std::vector<const float*> grad;
-    std::vector<int64_t> sum_at;  // offset in `summed`, or -1
+    // One entry per distinct key, `count` of them. Sized for every key of the shard up front and
+    // written with plain stores: the per-key loop has no capacity checks or out-of-line
+    // push_back calls (which GCC stopped inlining once this function grew, costing ~20
+    // instructions per key).
+    std::unique_ptr<Distinct[]> distinct;
+    int64_t count = 0;
     std::vector<float> summed;
     std::vector<float> widened;   // float16/bfloat16 tables: one row and its slots as float32
     bool ready = false;           // dedup initialised
   };
   std::vector<Work> work(kNumShards);
+  const bool widen = value_dtype_ != DE_VALUE_FLOAT32;
   for_each_shard(g, [&](int si) {
     const int64_t cnt = g.start[si + 1] - g.start[si];
     Work& w = work[si];
     w.dedup.reset(new DedupMap(cnt));
-    w.rows.reserve(cnt);
-    w.grad.reserve(cnt);
-    w.sum_at.reserve(cnt);
+    w.distinct.reset(new Distinct[cnt]);  // default-initialised: not written until used
     w.summed.reserve(static_cast<size_t>(cnt) * dim_);  // untouched until a key repeats
-    if (value_dtype_ != DE_VALUE_FLOAT32) w.widened.resize(static_cast<size_t>(width()));
+    if (widen) w.widened.resize(static_cast<size_t>(width()));
   });
   prepare_inserts(g, n);
   const int64_t stamp = ++clock_;
@@ -543,61 +550,60 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
     }
     const float* gi = grads + i * dim_;
     bool fresh = false;
-    const int64_t u = w.dedup->get(keys[i], h, static_cast<int64_t>(w.rows.size()), &fresh);
+    const int64_t u = w.dedup->get(keys[i], h, w.count, &fresh);
     if (fresh) {
       if (r < 0) {
         r = insert_new(s, keys[i], h, stamp);
         fill_initial(static_cast<uint64_t>(keys[i]), s.rows.row(r));
       }
-      w.rows.push_back(r);
-      w.grad.push_back(gi);
-      w.sum_at.push_back(-1);
+      w.distinct[w.count++] = Distinct{r, gi, -1};
       return;
     }
-    if (w.sum_at[u] < 0) {
-      w.sum_at[u] = static_cast<int64_t>(w.summed.size());
-      w.summed.insert(w.summed.end(), w.grad[u], w.grad[u] + dim_);  // within capacity
+    Distinct& d = w.distinct[u];
+    if (d.sum_at < 0) {
+      d.sum_at = static_cast<int64_t>(w.summed.size());
+      w.summed.insert(w.summed.end(), d.grad, d.grad + dim_);  // within capacity
     }
-    float* acc = w.summed.data() + w.sum_at[u];
+    float* acc = w.summed.data() + d.sum_at;
     for (int64_t j = 0; j < dim_; ++j) acc[j] += gi[j];
   };
   // Applied per shard right after its gradients are summed: its rows, prefetched while probing,
-  // are still in cache.
+  // are still in cache. float32 rows are stepped in place. float16/bfloat16: the row and its
+  // slots are widened into a float32 scratch row, stepped by the same float32 kernel, and
+  // rounded back (Keras' float32 arithmetic on low-precision variables); the scratch is per
+  // shard, allocated with the rest of the work up front. The dtype is dispatched once per shard,
+  // so the per-key loop above is compiled once for every dtype.
   auto update = [&](int si) {
     Shard& s = *shards_[si];
     Work& w = work[si];
-    for (size_t u = 0; u < w.rows.size(); ++u) {
-      float* row = s.rows.row_as<float>(w.rows[u]);
-      const float* gu = w.sum_at[u] < 0 ? w.grad[u] : w.summed.data() + w.sum_at[u];
-      opt.apply(row, row + dim_, gu, dim_, args);
-      s.rows.meta(w.rows[u]).last_update = stamp;
-      bump_count(s.rows.meta(w.rows[u]).count);
+    const Distinct* distinct = w.distinct.get();
+    const float* summed = w.summed.data();
+    if (!widen) {
+      for (int64_t u = 0; u < w.count; ++u) {
+        const Distinct& d = distinct[u];
+        float* row = s.rows.row_as<float>(d.row);
+        opt.apply(row, row + dim_, d.sum_at < 0 ? d.grad : summed + d.sum_at, dim_, args);
+        RowMeta& meta = s.rows.meta(d.row);
+        meta.last_update = stamp;
+        bump_count(meta.count);
+      }
+    } else {
+      const int64_t width = s.rows.width();
+      float* scratch = w.widened.data();
+      for (int64_t u = 0; u < w.count; ++u) {
+        const Distinct& d = distinct[u];
+        unsigned char* row = s.rows.row(d.row);
+        values_to_floats(value_dtype_, row, scratch, width);
+        opt.apply(scratch, scratch + dim_, d.sum_at < 0 ? d.grad : summed + d.sum_at, dim_, args);
+        floats_to_values(value_dtype_, scratch, row, width);
+        RowMeta& meta = s.rows.meta(d.row);
+        meta.last_update = stamp;
+        bump_count(meta.count);
+      }
     }
     w = Work();
   };
-  // float16/bfloat16: the row and its slots are widened into a float32 scratch row, stepped by
-  // the same float32 kernel, and rounded back (Keras' float32 arithmetic on low-precision
-  // variables). The scratch is per shard, allocated with the rest of the work up front.
-  auto update_widened = [&](int si) {
-    Shard& s = *shards_[si];
-    Work& w = work[si];
-    const int64_t width = s.rows.width();
-    float* scratch = w.widened.data();
-    for (size_t u = 0; u < w.rows.size(); ++u) {
-      unsigned char* row = s.rows.row(w.rows[u]);
-      const float* gu = w.sum_at[u] < 0 ? w.grad[u] : w.summed.data() + w.sum_at[u];
-      values_to_floats(value_dtype_, row, scratch, width);
-      opt.apply(scratch, scratch + dim_, gu, dim_, args);
-      floats_to_values(value_dtype_, scratch, row, width);
-      s.rows.meta(w.rows[u]).last_update = stamp;
-      bump_count(s.rows.meta(w.rows[u]).count);
-    }
-    w = Work();
-  };
-  if (value_dtype_ == DE_VALUE_FLOAT32)
-    for_each_key(g, keys, dedup, update);
-  else
-    for_each_key(g, keys, dedup, update_widened);
+  for_each_key(g, keys, dedup, update);
   return enforce_capacity();
 }
 
