@@ -1,12 +1,16 @@
 """``Variable.accum`` and ``Variable.upsert`` against a numpy model of TFRA's rules, bit for bit:
 keys of rank 0, 1 and 2, one and three shards, eagerly and in ``tf.function`` (with and without
-static shapes), float32 and int32 (wrapping) rows, and old rows holding NaN, inf and -0.0 where
-``exists`` is False (the delta must then be the new row itself, not ``new - old * 0``)."""
+static shapes), every value dtype (integers wrapping), and old rows holding NaN, inf and -0.0
+where ``exists`` is False (the delta must then be the new row itself, not ``new - old * 0``).
+TF computes the deltas with its arithmetic for the dtype; numpy (and
+ml_dtypes for bfloat16) compute 16-bit float differences and sums the same way, in float32 then
+rounded."""
 
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -54,13 +58,16 @@ def _assert_same(var, table):
                                       err_msg=f"key {k}")
 
 
+_INTS = {np.dtype(np.int8), np.dtype(np.int32), np.dtype(np.int64)}
+
+
 def _batch(rng, dtype, shape):
     keys = rng.integers(0, 12, shape).astype(np.int64)
-    if dtype == np.float32:
-        old = rng.normal(0, 1, shape + (DIM,)).astype(np.float32)
-        new = rng.normal(0, 1, shape + (DIM,)).astype(np.float32)
+    if np.dtype(dtype) not in _INTS:
+        old = rng.normal(0, 1, shape + (DIM,)).astype(dtype)
+        new = rng.normal(0, 1, shape + (DIM,)).astype(dtype)
         new.reshape(-1)[:: 5] = -0.0
-        specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], np.float32)
+        specials = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0], dtype)
         old.reshape(-1)[:: 3] = rng.choice(specials, old.reshape(-1)[:: 3].shape)
     else:
         info = np.iinfo(dtype)
@@ -70,10 +77,15 @@ def _batch(rng, dtype, shape):
     return keys, old, new, exists
 
 
-@pytest.mark.parametrize("mode", ["eager", "function", "function_unknown_shapes"])
-@pytest.mark.parametrize("shards", [1, 3])
-@pytest.mark.parametrize("dtype", [np.float32, np.int32])
-@pytest.mark.parametrize("shape", [(), (7,), (3, 4)])
+_EVERY_OTHER_DTYPE = [np.float16, ml_dtypes.bfloat16, np.float64, np.int8, np.int64]
+
+
+@pytest.mark.parametrize("mode,shards,dtype,shape", [
+    (mode, shards, dtype, shape)
+    for mode in ["eager", "function", "function_unknown_shapes"] for shards in [1, 3]
+    for dtype in [np.float32, np.int32] for shape in [(), (7,), (3, 4)]
+] + [(mode, shards, dtype, (3, 4))
+     for mode in ["eager", "function"] for shards in [1, 3] for dtype in _EVERY_OTHER_DTYPE])
 def test_accum_and_upsert_match_numpy(shape, dtype, shards, mode):
     rng = np.random.default_rng(len(shape) * 10 + shards)
     var = _var(tf.as_dtype(dtype), shards)
