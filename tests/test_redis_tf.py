@@ -80,3 +80,25 @@ def test_wrong_members_are_named(tmp_path, monkeypatch, params, member):
     creator = de.RedisTableCreator(de.RedisTableConfig(redis_config_abs_dir=path))
     with pytest.raises(ValueError, match=member):
         de.get_variable(f"wrong_{member}", dim=2, kv_creator=creator)
+
+
+def test_accum_on_redis_matches_numpy(server, tmp_path, monkeypatch):
+    # Redis tables take the storage layer's default accum_rows (deltas computed, then accum).
+    monkeypatch.delenv("TFRA_REDIS_CONFIG_PATH", raising=False)
+    path = write_config(tmp_path, {"redis_host_ip": ["127.0.0.1"],
+                                   "redis_host_port": [server.port]})
+    creator = de.RedisTableCreator(de.RedisTableConfig(redis_config_abs_dir=path))
+    var = de.get_variable("redis_tf_accum", dim=2, initializer=tf.keras.initializers.Zeros(),
+                          kv_creator=creator)
+    var.upsert(tf.constant([1, 2], tf.int64), tf.constant([[1.0, 2.0], [3.0, 4.0]]))
+    keys = tf.constant([1, 2, 3, 4], tf.int64)
+    old = tf.constant([[0.5, 0.5], [9.0, 9.0], [0.0, 0.0], [7.0, 7.0]])
+    new = tf.constant([[2.0, 3.0], [1.0, 1.0], [5.0, 6.0], [8.0, 8.0]])
+    exists = tf.constant([True, False, False, True])
+    var.accum(keys, old, new, exists)
+    # present & exists: += new - old; present & !exists: ignored; absent & !exists: new;
+    # absent & exists: ignored.
+    want = {1: [2.5, 4.5], 2: [3.0, 4.0], 3: [5.0, 6.0]}
+    got_keys, got_rows = var.export()
+    got = dict(zip(got_keys.numpy().tolist(), got_rows.numpy().tolist()))
+    assert got == want

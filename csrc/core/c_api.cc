@@ -13,6 +13,7 @@
 #include "memory_block.h"
 #include "registry.h"
 #include "thread_pool.h"
+#include "value_dtype.h"
 
 using Table = dualemb::Storage;
 namespace sv = dualemb::string_values_api;
@@ -238,6 +239,30 @@ int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const v
     require(deltas, n, "deltas");
     require(exists, n, "exists");
     set_evicted(evicted, t->accum(k.data, n, deltas, exists));
+  });
+}
+
+int de_accum_rows(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
+                  const void* old_values, const void* new_values, const uint8_t* exists,
+                  int64_t* evicted) {
+  return guarded("accum", [&] {
+    auto t = dualemb::get_table(id);
+    if (t->value_dtype() == DE_VALUE_STRING) sv::refuse("accum");
+    require(old_values, n, "old_values");
+    require(new_values, n, "new_values");
+    require(exists, n, "exists");
+    if (key_dtype == DE_KEY_STRING) {
+      // The string layer takes deltas: computed here, before the table is touched.
+      std::vector<unsigned char> deltas(dualemb::value_dtype_size(t->value_dtype()) *
+                                        static_cast<size_t>(t->dim()) * static_cast<size_t>(n));
+      dualemb::accum_deltas(t->value_dtype(), old_values, new_values, exists, n, t->dim(),
+                            deltas.data());
+      return set_evicted(evicted,
+                         dualemb::string_api::accum(id, keys, n, deltas.data(), exists));
+    }
+    Keys k;
+    check_keys(*t, key_dtype, keys, n, &k);
+    set_evicted(evicted, t->accum_rows(k.data, n, old_values, new_values, exists));
   });
 }
 

@@ -187,6 +187,13 @@ DE_API int de_insert_or_assign(int64_t id, int32_t key_dtype, const void* keys, 
 // float16/bfloat16 rows add in float32 and round to nearest even.
 DE_API int de_accum(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
                     const void* deltas, const uint8_t* exists, int64_t* evicted);
+// de_accum with the deltas still to compute (TFRA's Variable.accum(keys, old, new, exists)):
+// delta = new_values[i] - old_values[i] where exists[i], else new_values[i], in the value
+// dtype's arithmetic (integers wrap; float16/bfloat16 subtract in float32 and round). The same
+// result as computing the deltas and calling de_accum, without a pass over them first.
+DE_API int de_accum_rows(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
+                         const void* old_values, const void* new_values, const uint8_t* exists,
+                         int64_t* evicted);
 DE_API int de_erase(int64_t id, int32_t key_dtype, const void* keys, int64_t n);
 DE_API int de_clear(int64_t id);
 DE_API int de_size(int64_t id, int64_t* out);

@@ -48,6 +48,8 @@ class Table final : public Storage {
   int64_t insert_or_assign(const int64_t* keys, int64_t n, const void* values) override;
   int64_t accum(const int64_t* keys, int64_t n, const void* deltas,
                 const uint8_t* exists) override;
+  int64_t accum_rows(const int64_t* keys, int64_t n, const void* old_values,
+                     const void* new_values, const uint8_t* exists) override;
   void erase(const int64_t* keys, int64_t n) override;
   void clear() override;
   int64_t size() const override;
@@ -123,6 +125,8 @@ class Table final : public Storage {
   size_t row_bytes() const { return value_size_ * static_cast<size_t>(dim_); }
   void erase_row(Shard& s, int64_t row);
   void rebuild_rows(int64_t new_width);
+  int64_t accum_impl(const int64_t* keys, int64_t n, const void* rows_in, const void* old_in,
+                     const uint8_t* exists);
   // Evicts by the configured policy down to the capacity; caller holds the lock exclusively.
   int64_t enforce_capacity();
   int64_t restrict_locked(int64_t num_reserved, RestrictBy by, const int64_t* keys,

@@ -61,6 +61,64 @@ void add_half(void* row, const void* delta, int64_t n) {
   for (int64_t j = 0; j < n; ++j) r[j] = Narrow(Widen(r[j]) + Widen(d[j]));
 }
 
+template <class T, class U>
+U difference_wrapping(T a, T b) { return static_cast<U>(static_cast<U>(a) - static_cast<U>(b)); }
+
+template <class T, class U>
+void add_difference_wrapping(void* row, const void* a, const void* b, int64_t n) {
+  T* r = static_cast<T*>(row);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (int64_t j = 0; j < n; ++j)
+    r[j] = static_cast<T>(static_cast<U>(static_cast<U>(r[j]) + difference_wrapping<T, U>(x[j], y[j])));
+}
+
+template <class T>
+void add_difference_plain(void* row, const void* a, const void* b, int64_t n) {
+  T* r = static_cast<T*>(row);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (int64_t j = 0; j < n; ++j) {
+    const T d = x[j] - y[j];  // rounded to T before the add (-ffp-contract=off: no fused op)
+    r[j] += d;
+  }
+}
+
+template <uint16_t (*Narrow)(float), float (*Widen)(uint16_t)>
+void add_difference_half(void* row, const void* a, const void* b, int64_t n) {
+  uint16_t* r = static_cast<uint16_t*>(row);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  for (int64_t j = 0; j < n; ++j) {
+    const uint16_t d = Narrow(Widen(x[j]) - Widen(y[j]));
+    r[j] = Narrow(Widen(r[j]) + Widen(d));
+  }
+}
+
+template <class T, class U>
+void difference_wrapping_into(void* out, const void* a, const void* b, int64_t n) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (int64_t j = 0; j < n; ++j) o[j] = static_cast<T>(difference_wrapping<T, U>(x[j], y[j]));
+}
+
+template <class T>
+void difference_plain_into(void* out, const void* a, const void* b, int64_t n) {
+  T* o = static_cast<T*>(out);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (int64_t j = 0; j < n; ++j) o[j] = x[j] - y[j];
+}
+
+template <uint16_t (*Narrow)(float), float (*Widen)(uint16_t)>
+void difference_half_into(void* out, const void* a, const void* b, int64_t n) {
+  uint16_t* o = static_cast<uint16_t*>(out);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  for (int64_t j = 0; j < n; ++j) o[j] = Narrow(Widen(x[j]) - Widen(y[j]));
+}
+
 template <class T>
 void store_integer(const ConstantValue& v, unsigned char* out, const char* dtype_name) {
   const auto lo = std::numeric_limits<T>::min();
@@ -219,6 +277,52 @@ void add_values(int dtype, void* row, const void* delta, int64_t n) {
       throw std::invalid_argument("accum is not defined for a table of value dtype string");
   }
   check_dtype(dtype);
+}
+
+void add_difference(int dtype, void* row, const void* a, const void* b, int64_t n) {
+  switch (dtype) {
+    case DE_VALUE_FLOAT32: return add_difference_plain<float>(row, a, b, n);
+    case DE_VALUE_FLOAT64: return add_difference_plain<double>(row, a, b, n);
+    case DE_VALUE_FLOAT16:
+      return add_difference_half<float_to_half, half_to_float>(row, a, b, n);
+    case DE_VALUE_BFLOAT16:
+      return add_difference_half<float_to_bfloat16, bfloat16_to_float>(row, a, b, n);
+    case DE_VALUE_INT8: return add_difference_wrapping<int8_t, uint8_t>(row, a, b, n);
+    case DE_VALUE_INT32: return add_difference_wrapping<int32_t, uint32_t>(row, a, b, n);
+    case DE_VALUE_INT64: return add_difference_wrapping<int64_t, uint64_t>(row, a, b, n);
+    case DE_VALUE_STRING:
+      throw std::invalid_argument("accum is not defined for a table of value dtype string");
+  }
+  check_dtype(dtype);
+}
+
+void accum_deltas(int dtype, const void* old_rows, const void* new_rows, const uint8_t* exists,
+                  int64_t rows, int64_t dim, void* out) {
+  void (*diff)(void*, const void*, const void*, int64_t) = nullptr;
+  switch (dtype) {
+    case DE_VALUE_FLOAT32: diff = difference_plain_into<float>; break;
+    case DE_VALUE_FLOAT64: diff = difference_plain_into<double>; break;
+    case DE_VALUE_FLOAT16: diff = difference_half_into<float_to_half, half_to_float>; break;
+    case DE_VALUE_BFLOAT16:
+      diff = difference_half_into<float_to_bfloat16, bfloat16_to_float>;
+      break;
+    case DE_VALUE_INT8: diff = difference_wrapping_into<int8_t, uint8_t>; break;
+    case DE_VALUE_INT32: diff = difference_wrapping_into<int32_t, uint32_t>; break;
+    case DE_VALUE_INT64: diff = difference_wrapping_into<int64_t, uint64_t>; break;
+    case DE_VALUE_STRING:
+      throw std::invalid_argument("accum is not defined for a table of value dtype string");
+    default: check_dtype(dtype);
+  }
+  const size_t rb = value_dtype_size(dtype) * static_cast<size_t>(dim);
+  const auto* o = static_cast<const unsigned char*>(old_rows);
+  const auto* v = static_cast<const unsigned char*>(new_rows);
+  auto* d = static_cast<unsigned char*>(out);
+  for (int64_t i = 0; i < rows; ++i) {
+    if (exists[i])
+      diff(d + i * rb, v + i * rb, o + i * rb, dim);
+    else
+      std::memcpy(d + i * rb, v + i * rb, rb);
+  }
 }
 
 std::vector<unsigned char> constant_row(int dtype, const std::vector<ConstantValue>& values) {

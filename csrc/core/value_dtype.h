@@ -43,6 +43,14 @@ void values_to_floats(int dtype, const void* src, float* dst, int64_t n);
 // row[j] += delta[j] for n elements: integers wrap around (two's complement), float16/bfloat16
 // add in float32 and round, float32 in float32, float64 in double.
 void add_values(int dtype, void* row, const void* delta, int64_t n);
+// TFRA's accum deltas, in the dtype's arithmetic: for each of `rows` rows of `dim` elements,
+// out = new - old where exists, else new (integers wrap; float16/bfloat16 subtract in float32
+// and round, as TF's Sub does).
+void accum_deltas(int dtype, const void* old_rows, const void* new_rows, const uint8_t* exists,
+                  int64_t rows, int64_t dim, void* out);
+// row[j] += (a[j] - b[j]) for n elements, the difference rounded to the dtype before the add:
+// the same bits as accum_deltas followed by add_values, without a buffer for the deltas.
+void add_difference(int dtype, void* row, const void* a, const void* b, int64_t n);
 
 // One column of a constant initializer: a JSON integer keeps its exact int64 value (an int64 table
 // may hold integers beyond double's 2^53).

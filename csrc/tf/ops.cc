@@ -116,6 +116,19 @@ REGISTER_OP("DualembAccum")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
+// Variable.accum: the core computes the deltas (new - old where exists, else new) as it adds.
+REGISTER_OP("DualembAccumRows")
+    .Input("table: resource")
+    .Input("keys: Tkey")
+    .Input("old_values: Tvalue")
+    .Input("new_values: Tvalue")
+    .Input("exists: bool")
+    .Output("evicted: int64")
+    .Attr("Tkey: {int32, int64, string}")
+    .Attr(kValueDtypeAttr)
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
 REGISTER_OP("DualembErase")
     .Input("table: resource")
     .Input("keys: Tkey")

@@ -104,6 +104,12 @@ def accum(table, keys, deltas, exists):
     return _ops.dualemb_accum(table, keys, deltas, exists)
 
 
+def accum_rows(table, keys, old_values, new_values, exists):
+    """``accum`` with the deltas computed by the core as it adds: ``new - old`` where
+    ``exists``, else ``new`` (the dtype's arithmetic; integers wrap)."""
+    return _ops.dualemb_accum_rows(table, keys, old_values, new_values, exists)
+
+
 def erase(table, keys):
     return _ops.dualemb_erase(table, keys)
 

@@ -443,28 +443,15 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             raise TypeError(f"exists must be bool, got {exists.dtype.name}")
         if not exists.shape.is_compatible_with(keys.shape):
             raise ValueError(f"exists has shape {exists.shape}, expected keys' {keys.shape}")
-        deltas = self._accum_deltas(old_values, new_values, exists)
+        # The core computes new - old where exists (else new) as it adds (de_accum_rows): a TF
+        # Sub + Select over the batch before the op cost about as much as the accum itself.
         if len(self._tables) == 1:
-            return ops.accum(self._tables[0].resource, keys, deltas, exists)
-        out = self._write_flat(ops.accum, self._flat(keys),
-                               self._flat_rows(deltas, keys, "deltas"),
+            return ops.accum_rows(self._tables[0].resource, keys, old_values, new_values, exists)
+        out = self._write_flat(ops.accum_rows, self._flat(keys),
+                               self._flat_rows(old_values, keys, "old_values"),
+                               self._flat_rows(new_values, keys, "new_values"),
                                tf.reshape(exists, [-1]))
         return tf.add_n(out)
-
-    def _accum_deltas(self, old_values, new_values, exists):
-        """``new - old`` for rows whose ``exists`` is True, ``new`` for the others, in value_dtype
-        (as TFRA: integer deltas wrap like the core's integer add, so the row still ends at
-        new_values). TF's v1 ``Select`` picks whole rows by a vector (or scalar) condition; the
-        broadcasting ``tf.where(exists[..., None], ...)`` did the same element by element and
-        cost about as much as the core's accum itself."""
-        diff = new_values - old_values
-        rank = exists.shape.rank
-        if rank is not None and rank <= 1 and new_values.shape.rank == rank + 1:
-            return tf.raw_ops.Select(condition=exists, x=diff, y=new_values)
-        rows = tf.raw_ops.Select(condition=tf.reshape(exists, [-1]),
-                                 x=tf.reshape(diff, [-1, self._dim]),
-                                 y=tf.reshape(new_values, [-1, self._dim]))
-        return tf.reshape(rows, tf.shape(new_values))  # the op checks it against keys' shape
 
     def evicted_total(self) -> int:
         """How many keys capacity limits have evicted from this Variable's tables since they were

@@ -40,6 +40,10 @@ class Storage {
   virtual int64_t insert_or_assign(const int64_t* keys, int64_t n, const void* values) = 0;
   virtual int64_t accum(const int64_t* keys, int64_t n, const void* deltas,
                         const uint8_t* exists) = 0;
+  // accum with the deltas still to compute: new - old where exists, else new (value_dtype.h
+  // accum_deltas). This default computes them into a buffer; Table computes each as it adds.
+  virtual int64_t accum_rows(const int64_t* keys, int64_t n, const void* old_values,
+                             const void* new_values, const uint8_t* exists);
   virtual void erase(const int64_t* keys, int64_t n) = 0;
   virtual void clear() = 0;
   virtual int64_t size() const = 0;
