@@ -317,3 +317,30 @@ def test_integer_values_into_float_table_and_keys_beyond_int32_are_refused():
     finally:
         for t in tables:
             t.destroy()
+
+
+def test_checkpoint_with_file_system_saver_reads_the_given_value_dtype():
+    """A TF checkpoint written with TFRA's FileSystemSaver keeps only flags; its rows are raw
+    files with no dtype, so read_tfra_checkpoint takes the dtype as fs_value_dtype."""
+    pytest.importorskip("tensorflow")
+    fixture = "fs_saver_checkpoint_float64"
+    (name, exp), = expected(fixture).items()
+    keys, values = numeric_rows(exp)
+    entry = migrate.read_tfra_checkpoint(os.path.join(FIX, fixture),
+                                         fs_value_dtype="float64")[name]
+    assert entry["format"] == "file_system" and entry["values"].dtype == np.float64
+    np.testing.assert_array_equal(entry["keys"], keys)
+    np.testing.assert_array_equal(bits(entry["values"]), bits(values))
+    # Read with the default float32 the bytes make rows of twice the dim, which a live table
+    # of the real dim refuses (nothing written).
+    wrong = migrate.read_tfra_checkpoint(os.path.join(FIX, fixture))[name]
+    assert wrong["dim"] == 2 * exp["dim"]
+    t = Table(exp["dim"], value_dtype="float64")
+    try:
+        with pytest.raises(ValueError, match="dim"):
+            migrate.load_tfra_into(t, wrong)
+        assert t.size() == 0
+        migrate.load_tfra_into(t, entry)
+        np.testing.assert_array_equal(bits(t.find(keys)[0]), bits(values))
+    finally:
+        t.destroy()

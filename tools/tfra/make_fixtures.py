@@ -41,6 +41,9 @@ every table right after saving, so the tests can compare the importer's rows bit
                      float64, bfloat16 values; the dtype's extremes included. expected.json holds
                      the values as exact JSON numbers (ints as ints).
   file_system_dtypes/<var>/  `save_to_file_system` of each of those tables, one directory each.
+  fs_saver_checkpoint_float64/  `de.train.Checkpoint` of an int64 -> float64 variable made with
+                     `CuckooHashTableCreator(saver=FileSystemSaver())`: the TF checkpoint holds
+                     only flags, the rows (no dtype recorded) are in `TFRADynamicEmbedding-1/`.
 """
 
 from __future__ import annotations
@@ -379,6 +382,31 @@ def part_dtypes(out: str) -> None:
                     variables)
 
 
+def part_fs_saver_dtype(out: str) -> None:
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow_recommenders_addons import dynamic_embedding as de
+
+    dim = 2
+    rng = np.random.default_rng(51)
+    keys = np.unique(np.concatenate([np.arange(-3, 4), rng.integers(2 ** 31, 2 ** 62, 9)]))
+    values = rng.standard_normal((len(keys), dim)) * 1000
+    var = de.Variable(key_dtype=tf.int64, value_dtype=tf.float64, dim=dim, devices=DEVICES,
+                      name="dtypes/fs_float64",
+                      kv_creator=de.CuckooHashTableCreator(saver=de.FileSystemSaver()))
+    var.upsert(tf.constant(keys), tf.constant(values, tf.float64))
+    path = os.path.join(out, "fs_saver_checkpoint_float64")
+    _fresh(path)
+    cwd = os.getcwd()
+    os.chdir(path)
+    try:
+        saved = de.train.Checkpoint(emb=var).save("ckpt")
+    finally:
+        os.chdir(cwd)
+    _write_expected(path, "de.train.Checkpoint + FileSystemSaver", {var.name: _describe_exact(var)},
+                    note=f"prefix {saved}; int64 keys, float64 values")
+
+
 def part_v1(out: str) -> None:
     import numpy as np
     import tensorflow as tf
@@ -426,13 +454,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=default_out)
     ap.add_argument("--part", choices=("all", "eager", "v1", "strings", "string_values",
-                                          "dtypes"), default="all")
+                                          "dtypes", "fs_saver_dtype"), default="all")
     args = ap.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     if args.part == "all":
         # Graph mode is process-global in TF, so each part runs in its own process.
-        for part in ("eager", "v1", "strings", "string_values", "dtypes"):
+        for part in ("eager", "v1", "strings", "string_values", "dtypes", "fs_saver_dtype"):
             subprocess.run([sys.executable, os.path.abspath(__file__), "--out", out,
                             "--part", part], check=True)
         total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
@@ -445,6 +473,8 @@ def main() -> None:
         part_string_values(out)
     elif args.part == "dtypes":
         part_dtypes(out)
+    elif args.part == "fs_saver_dtype":
+        part_fs_saver_dtype(out)
     else:
         part_v1(out)
 
