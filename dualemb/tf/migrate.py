@@ -25,7 +25,9 @@ What TFRA writes (TFRA 0.8.1):
 
 Each reader returns ``{variable_name: entry}`` for the primary (non-slot) variables, where entry is
 
-    {"keys": int64/int32 [n] (string keys: an object array of bytes), "values": [n, dim], "dim": dim, "num_shards": N, "format": ...,
+    {"keys": int64/int32 [n] (string keys: an object array of bytes),
+     "values": [n, dim] in the variable's value dtype (string values: an object array of bytes),
+     "dim": dim, "num_shards": N, "format": ...,
      "slots": {slot_name: [n, dim] aligned with keys}, "slot_exists": {slot_name: bool [n]},
      "step": optimizer iteration count or None}
 
@@ -241,7 +243,8 @@ def _find_fs_dir(prefix: str) -> str | None:
     return None
 
 
-def read_tfra_checkpoint(path: str, fs_dir: str | None = None) -> dict:
+def read_tfra_checkpoint(path: str, fs_dir: str | None = None, fs_key_dtype="int64",
+                         fs_value_dtype="float32") -> dict:
     """Reads every TFRA `de.Variable` (with its optimizer slots) from a TF checkpoint.
 
     Args:
@@ -252,6 +255,9 @@ def read_tfra_checkpoint(path: str, fs_dir: str | None = None) -> dict:
       fs_dir: where the FileSystemSaver files are, for checkpoints written with
         ``CuckooHashTableCreator(saver=FileSystemSaver())``; by default
         ``TFRADynamicEmbedding-<step>`` or ``TFRADynamicEmbedding`` next to the checkpoint.
+      fs_key_dtype, fs_value_dtype: the key and value dtypes of the tables in those files (the
+        TF checkpoint records none for them; see `read_tfra_file_system`). Tables stored in
+        the TF checkpoint itself carry their own dtypes, string values included.
 
     Returns:
       ``{variable_name: entry}`` (see the module docstring), one per primary variable.
@@ -310,7 +316,8 @@ def read_tfra_checkpoint(path: str, fs_dir: str | None = None) -> dict:
                 f"TFRA checkpoint {prefix!r} was written with a FileSystemSaver (its tables "
                 f"{sorted(missing.values())} are not in it) and no {_FS_DIR}[-<step>] directory "
                 "is next to it; pass fs_dir=")
-        fs = read_tfra_file_system(d, names=list(missing.values()))
+        fs = read_tfra_file_system(d, names=list(missing.values()), key_dtype=fs_key_dtype,
+                                   value_dtype=fs_value_dtype)
         for name, entry in fs.items():
             entry["step"] = step
             result[name] = entry
@@ -342,6 +349,8 @@ def read_tfra_file_system(dirpath: str, dim: int | None = None, key_dtype="int64
       key_dtype, value_dtype: what the files hold (TFRA writes no header, so they cannot be
         read from the files): int64/int32 keys; values of any dtype TFRA's tables hold
         (float32, float16, bfloat16, float64, int8, int32, int64; names or numpy types).
+        String keys or values raise TypeError: TFRA dumps them as raw in-memory tstring
+        structs, which hold only a pointer for strings over 22 bytes.
       proc_size: which Horovod world size to read when files of several are present.
       names: variable names ("/" or "_" separated) to return; by default all.
 
@@ -364,6 +373,13 @@ def read_tfra_file_system(dirpath: str, dim: int | None = None, key_dtype="int64
         # short keys inline, but only a pointer for keys over 22 bytes. Nothing can read that.
         raise TypeError("FileSystemSaver files of string keys cannot be read: TFRA writes them "
                         "as raw in-memory tstring structs (a pointer for keys longer than 22 "
+                        "bytes). Save the TFRA variable with tf.train.Checkpoint and read it "
+                        "with read_tfra_checkpoint")
+    if _value_dtypes.name_of(value_dtype) == _value_dtypes.STRING:
+        # Same dump as for string keys: each value is a raw 24-byte tstring struct (checked on
+        # TFRA 0.8.1, tests/fixtures/tfra/file_system_string_values), a pointer for long strings.
+        raise TypeError("FileSystemSaver files of string values cannot be read: TFRA writes them "
+                        "as raw in-memory tstring structs (a pointer for values longer than 22 "
                         "bytes). Save the TFRA variable with tf.train.Checkpoint and read it "
                         "with read_tfra_checkpoint")
     kd = np.dtype(key_dtype)
@@ -535,6 +551,14 @@ def load_tfra_into(target, data, name: str | None = None,
         slots. Keys that TFRA's optimizer never touched also get the initial slots.
       page_rows: rows written per call, bounding the temporary copies.
 
+    Values go into the live table's value dtype by `dualemb.core.value_dtypes.as_values` (floats
+    round into float tables; integers must fit an integer table exactly); string values (TFRA's
+    ``value_dtype=tf.string``) go only into string tables (``Table(dim, value_dtype="string")``,
+    ``de.Variable(value_dtype=tf.string)``) as their exact bytes. Every page is checked before
+    the first row is written, so a refused load (TypeError / ValueError naming the mismatch:
+    string keys or values against numeric ones, dim, int32 keys out of range, a value beyond the
+    live dtype) leaves every live table unchanged.
+
     Returns:
       A report: ``rows`` (written per live shard), ``slots`` (what was done with the slots),
       ``step`` (TFRA's optimizer iteration count, if the checkpoint had one).
@@ -546,14 +570,7 @@ def load_tfra_into(target, data, name: str | None = None,
     if values.ndim != 2 or values.shape[0] != keys.shape[0]:
         raise ValueError(f"values have shape {values.shape}, expected ({keys.shape[0]}, dim)")
     n_live = len(tables)
-    string_keys = keys.dtype.kind in "OSU"
-    for t in tables:
-        if string_keys != (t.key_dtype_name == "string"):
-            raise TypeError(f"the TFRA variable has {'string' if string_keys else keys.dtype.name} "
-                            f"keys but live table {t.id} has {t.key_dtype_name} keys")
-        if values.shape[0] and t.dim != values.shape[1]:
-            raise ValueError(f"TFRA rows have dim {values.shape[1]} but live table {t.id} has "
-                             f"dim {t.dim}")
+    _check_kinds(tables, keys, values)
     part = partitioner or getattr(target, "partition_fn", None) or default_partition
     shard = _to_numpy(part(keys, n_live)).reshape(-1)
     if shard.shape != keys.shape or (shard.size and (shard.min() < 0 or shard.max() >= n_live)):
@@ -563,25 +580,58 @@ def load_tfra_into(target, data, name: str | None = None,
     slot_note = plans[0][1]
     if slots and entry.get("slots") and plans[0][0] is None:
         warnings.warn(f"load_tfra_into: {slot_note}")
-    rows = [0] * n_live
-    for s, t in enumerate(tables):
+
+    def pages(s):
+        """(table, keys, values, slots or None) per page of live shard s, converted to the
+        table's value dtype (a TypeError names a lossy mismatch)."""
+        t, plan = tables[s], plans[s][0]
+        vd = _value_dtypes.name_of(t.value_dtype)
         idx = np.nonzero(shard == s)[0]
-        plan = plans[s][0]
         for lo in range(0, len(idx), page_rows):
             sel = idx[lo:lo + page_rows]
-            # Converted to the live table's value dtype (a TypeError names a lossy mismatch).
             k = keys[sel]
-            v = _value_dtypes.as_values(values[sel], t.value_dtype.name, "TFRA values")
+            v = _value_dtypes.as_values(values[sel], vd, "TFRA values")
             if plan is None:
-                t.import_rows(k, v)
-            else:
-                has = np.logical_and.reduce([entry["slot_exists"][p][sel] for p in plan])
-                if (~has).any():
-                    t.import_rows(k[~has], v[~has])
-                if has.any():
-                    sl = np.stack([_value_dtypes.as_values(np.asarray(entry["slots"][p][sel][has]),
-                                                           t.value_dtype.name, "TFRA slots")
-                                   for p in plan], axis=1)
-                    t.import_rows(k[has], v[has], slots=sl)
-            rows[s] += len(sel)
+                yield t, k, v, None
+                continue
+            has = np.logical_and.reduce([entry["slot_exists"][p][sel] for p in plan])
+            if (~has).any():
+                yield t, k[~has], v[~has], None
+            if has.any():
+                sl = np.stack([_value_dtypes.as_values(np.asarray(entry["slots"][p][sel][has]),
+                                                       vd, "TFRA slots") for p in plan], axis=1)
+                yield t, k[has], v[has], sl
+
+    # Every page is converted once before anything is written, so a value that does not fit
+    # the live dtype (an int64 count into an int8 table) leaves every table unchanged.
+    for s in range(n_live):
+        for _ in pages(s):
+            pass
+    rows = [0] * n_live
+    for s in range(n_live):
+        for t, k, v, sl in pages(s):
+            t.import_rows(k, v, slots=sl)
+            rows[s] += len(k)
     return {"rows": rows, "slots": slot_note, "step": entry.get("step")}
+
+
+def _check_kinds(tables, keys: np.ndarray, values: np.ndarray) -> None:
+    """Refuses key or value dtypes that cannot go into the live tables at all (before writing)."""
+    string_keys = keys.dtype.kind in "OSU"
+    string_values = values.dtype.kind in "OSU"
+    what = "string" if string_values else values.dtype.name
+    for t in tables:
+        if string_keys != (t.key_dtype_name == "string"):
+            raise TypeError(f"the TFRA variable has {'string' if string_keys else keys.dtype.name} "
+                            f"keys but live table {t.id} has {t.key_dtype_name} keys")
+        live = _value_dtypes.name_of(t.value_dtype)
+        if string_values != (live == _value_dtypes.STRING):
+            raise TypeError(f"the TFRA variable has {what} values but live table {t.id} has "
+                            f"{live} values: string and numeric values do not convert")
+        if values.shape[0] and t.dim != values.shape[1]:
+            raise ValueError(f"TFRA rows have dim {values.shape[1]} but live table {t.id} has "
+                             f"dim {t.dim}")
+        if t.key_dtype_name == "int32" and keys.size and not string_keys and (
+                keys.min() < np.iinfo(np.int32).min or keys.max() > np.iinfo(np.int32).max):
+            raise ValueError(f"the TFRA variable's {keys.dtype.name} keys do not fit live table "
+                             f"{t.id}'s int32 keys")

@@ -29,6 +29,21 @@ every table right after saving, so the tests can compare the importer's rows bit
   tf2_checkpoint_string/  like tf2_checkpoint, for `de.Variable("user/name_emb",
                      key_dtype=tf.string)`: keys with NUL bytes, non-UTF-8 bytes, the empty
                      string and long keys. expected.json holds each key as hex (`keys_hex`).
+  tf2_checkpoint_string_values/  `tf.train.Checkpoint` of `de.Variable("item/tags",
+                     key_dtype=tf.int64, value_dtype=tf.string, dim=3)`, 2 shards: values with NUL
+                     bytes, non-UTF-8 bytes, empty strings and strings over 22 bytes.
+                     expected.json holds each value as hex (`values_hex`).
+  file_system_string_values/  `save_to_file_system` of that variable: what TFRA's
+                     FileSystemSaver writes for string values (raw 24-byte tstring structs).
+  tf2_checkpoint_dtypes/  one small table (dim 2, 2 shards) per numeric (key, value) dtype pair
+                     TFRA's CPU tables accept besides int64/float32: int64 keys with float16,
+                     bfloat16, float64, int8, int32, int64 values; int32 keys with float32, int32,
+                     float64, bfloat16 values; the dtype's extremes included. expected.json holds
+                     the values as exact JSON numbers (ints as ints).
+  file_system_dtypes/<var>/  `save_to_file_system` of each of those tables, one directory each.
+  fs_saver_checkpoint_float64/  `de.train.Checkpoint` of an int64 -> float64 variable made with
+                     `CuckooHashTableCreator(saver=FileSystemSaver())`: the TF checkpoint holds
+                     only flags, the rows (no dtype recorded) are in `TFRADynamicEmbedding-1/`.
 """
 
 from __future__ import annotations
@@ -243,6 +258,155 @@ def part_strings(out: str) -> None:
                     note=f"prefix {saved}; string keys; tf_keras Adam(0.01), 2 steps")
 
 
+def _export_exact(var):
+    """Per-shard export with every value exact in JSON: ints as ints, floats (float16, bfloat16,
+    float32, float64 are all exact as Python floats) as floats, strings as hex."""
+    import numpy as np
+    shards = []
+    for t in var.tables:
+        k, v = t.export()
+        k, v = k.numpy(), v.numpy()
+        shard = {"keys": [int(x) for x in k]}
+        if var.value_dtype.name == "string":
+            shard["values_hex"] = [[bytes(y).hex() for y in row] for row in v]
+        elif var.value_dtype.is_integer:
+            shard["values"] = [[int(y) for y in row] for row in v]
+        else:
+            shard["values"] = [[float(y) for y in row] for row in np.asarray(v, np.float64)]
+        shards.append(shard)
+    return shards
+
+
+def _describe_exact(var):
+    return {"dim": int(var.dim), "key_dtype": var.key_dtype.name,
+            "value_dtype": var.value_dtype.name, "num_shards": len(var.tables),
+            "shards": _export_exact(var), "slots": {}}
+
+
+def _save_checkpoint(path, objects):
+    import tensorflow as tf
+    _fresh(path)
+    cwd = os.getcwd()
+    os.chdir(path)
+    try:
+        return tf.train.Checkpoint(**objects).save("ckpt")
+    finally:
+        os.chdir(cwd)
+
+
+def part_string_values(out: str) -> None:
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow_recommenders_addons import dynamic_embedding as de
+
+    dim = 3
+    rng = np.random.default_rng(31)
+    keys = np.unique(np.concatenate([np.arange(-4, 4), rng.integers(2 ** 31, 2 ** 62, 16)]))
+    special = [b"", b"\x00", b"a\x00b", b"\x00\x00\x00", b"\xff\xfe\x80", "\u00e9t\u00e9".encode(),
+               b"x" * 23, b"long/" * 12, b"\x00" * 30 + b"\xff", b"tag-\x00-" * 5]
+    values = []
+    for i in range(len(keys)):
+        # Every other cell is a special value, each special appearing at least once.
+        row = [special[(i * dim + j) // 2 % len(special)] if (i * dim + j) % 2 == 0
+               else b"tag-%d" % int(rng.integers(10 ** 6)) for j in range(dim)]
+        values.append(row)
+    var = de.Variable(key_dtype=tf.int64, value_dtype=tf.string, dim=dim, devices=DEVICES,
+                      name="item/tags")
+    var.upsert(tf.constant(keys, tf.int64), tf.constant(values, tf.string))
+    path = os.path.join(out, "tf2_checkpoint_string_values")
+    saved = _save_checkpoint(path, {"tags": var})
+    variables = {var.name: _describe_exact(var)}
+    _write_expected(path, "tf.train.Checkpoint", variables,
+                    note=f"prefix {saved}; int64 keys, string values (dim {dim})")
+    path = os.path.join(out, "file_system_string_values")
+    _fresh(path)
+    var.save_to_file_system(path)
+    _write_expected(path, "FileSystemSaver raw files (Variable.save_to_file_system)", variables,
+                    note="string values are dumped as raw in-memory tstring structs")
+
+
+# (key dtype, value dtype) pairs of TFRA 0.8.1's CPU tables besides int64/float32 and strings.
+NUMERIC_PAIRS = [("int64", "float16"), ("int64", "bfloat16"), ("int64", "float64"),
+                 ("int64", "int8"), ("int64", "int32"), ("int64", "int64"),
+                 ("int32", "float32"), ("int32", "int32"), ("int32", "float64"),
+                 ("int32", "bfloat16")]
+
+
+def _numeric_rows(value_dtype: str, n: int, dim: int, rng):
+    """n x dim values of `value_dtype`, its extremes included (as Python numbers)."""
+    import numpy as np
+    import tensorflow as tf
+    dt = tf.as_dtype(value_dtype)
+    if dt.is_integer:
+        lo, hi = int(dt.min), int(dt.max)
+        flat = [lo, hi, 0, -1, 1] + [int(x) for x in rng.integers(lo, hi, n * dim - 5,
+                                                                  dtype=np.int64, endpoint=True)]
+    else:
+        tiny = float(np.finfo(np.float16).smallest_subnormal) if value_dtype == "float16" else \
+            1e-30 if value_dtype == "bfloat16" else 1e-300 if value_dtype == "float64" else 1e-40
+        flat = [float(dt.max), float(dt.min), -0.0, tiny, float("inf")] + \
+            [float(x) for x in rng.standard_normal(n * dim - 5) * 1000]
+    return [flat[i * dim:(i + 1) * dim] for i in range(n)]
+
+
+def part_dtypes(out: str) -> None:
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow_recommenders_addons import dynamic_embedding as de
+
+    dim = 2
+    rng = np.random.default_rng(41)
+    variables, objects, tables = {}, {}, []
+    for kd, vd in NUMERIC_PAIRS:
+        kmax = 2 ** 62 if kd == "int64" else 2 ** 31 - 1
+        keys = np.unique(np.concatenate([[-3, -2, -1, 0, 1, 2, 3, kmax, -kmax - 1],
+                                         rng.integers(-kmax, kmax, 5)])).astype(kd)
+        values = _numeric_rows(vd, len(keys), dim, rng)
+        var = de.Variable(key_dtype=tf.as_dtype(kd), value_dtype=tf.as_dtype(vd), dim=dim,
+                          devices=DEVICES, name=f"dtypes/{kd}_{vd}")
+        var.upsert(tf.constant(keys), tf.cast(tf.constant(values, tf.float64 if
+                                                           vd not in ("int64",) else tf.int64),
+                                              tf.as_dtype(vd)))
+        variables[var.name] = _describe_exact(var)
+        objects[f"t_{kd}_{vd}"] = var
+        tables.append(var)
+    path = os.path.join(out, "tf2_checkpoint_dtypes")
+    saved = _save_checkpoint(path, objects)
+    _write_expected(path, "tf.train.Checkpoint", variables,
+                    note=f"prefix {saved}; one table per numeric (key, value) dtype pair")
+    path = os.path.join(out, "file_system_dtypes")
+    _fresh(path)
+    for var in tables:
+        var.save_to_file_system(os.path.join(path, var.name.replace("/", "_")))
+    _write_expected(path, "FileSystemSaver raw files, one directory per variable (flat name)",
+                    variables)
+
+
+def part_fs_saver_dtype(out: str) -> None:
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow_recommenders_addons import dynamic_embedding as de
+
+    dim = 2
+    rng = np.random.default_rng(51)
+    keys = np.unique(np.concatenate([np.arange(-3, 4), rng.integers(2 ** 31, 2 ** 62, 9)]))
+    values = rng.standard_normal((len(keys), dim)) * 1000
+    var = de.Variable(key_dtype=tf.int64, value_dtype=tf.float64, dim=dim, devices=DEVICES,
+                      name="dtypes/fs_float64",
+                      kv_creator=de.CuckooHashTableCreator(saver=de.FileSystemSaver()))
+    var.upsert(tf.constant(keys), tf.constant(values, tf.float64))
+    path = os.path.join(out, "fs_saver_checkpoint_float64")
+    _fresh(path)
+    cwd = os.getcwd()
+    os.chdir(path)
+    try:
+        saved = de.train.Checkpoint(emb=var).save("ckpt")
+    finally:
+        os.chdir(cwd)
+    _write_expected(path, "de.train.Checkpoint + FileSystemSaver", {var.name: _describe_exact(var)},
+                    note=f"prefix {saved}; int64 keys, float64 values")
+
+
 def part_v1(out: str) -> None:
     import numpy as np
     import tensorflow as tf
@@ -289,13 +453,14 @@ def main() -> None:
     default_out = os.path.normpath(os.path.join(here, "..", "..", "tests", "fixtures", "tfra"))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=default_out)
-    ap.add_argument("--part", choices=("all", "eager", "v1", "strings"), default="all")
+    ap.add_argument("--part", choices=("all", "eager", "v1", "strings", "string_values",
+                                          "dtypes", "fs_saver_dtype"), default="all")
     args = ap.parse_args()
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     if args.part == "all":
         # Graph mode is process-global in TF, so each part runs in its own process.
-        for part in ("eager", "v1", "strings"):
+        for part in ("eager", "v1", "strings", "string_values", "dtypes", "fs_saver_dtype"):
             subprocess.run([sys.executable, os.path.abspath(__file__), "--out", out,
                             "--part", part], check=True)
         total = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
@@ -304,6 +469,12 @@ def main() -> None:
         part_eager(out)
     elif args.part == "strings":
         part_strings(out)
+    elif args.part == "string_values":
+        part_string_values(out)
+    elif args.part == "dtypes":
+        part_dtypes(out)
+    elif args.part == "fs_saver_dtype":
+        part_fs_saver_dtype(out)
     else:
         part_v1(out)
 
