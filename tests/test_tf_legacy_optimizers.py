@@ -141,12 +141,50 @@ def test_embedding_only_steps_are_counted(name):
         assert int(optimizer.iterations.numpy()) == len(BATCHES)
 
 
-@pytest.mark.parametrize("name", ["v1_adam", "k2_adam", "k2_legacy_adam", "k2_adam_schedule"])
+@pytest.mark.parametrize("name", ["v1_adam", "k2_adam", "k2_legacy_adam", "k2_adam_schedule",
+                                  "k2_legacy_nadam", "k2_legacy_adagrad_args"])
 def test_inside_tf_function(name):
     rows, w, _ = _train_dynamic(OPTIMIZERS[name](), wrap_step=tf.function)
     want_rows, want_w = _train_dense(OPTIMIZERS[name]())
     np.testing.assert_allclose(rows, want_rows, rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(w, want_w, rtol=2e-5, atol=2e-6)
+
+
+# The core's slot names -> the legacy optimizer's, for the optimizers whose formula differs.
+LEGACY_SLOTS = {
+    "adagrad": {"accumulator": "accumulator"},
+    "rmsprop": {"velocity": "rms", "momentum": "momentum", "average_gradient": "mg"},
+    "nadam": {"momentum": "m", "velocity": "v"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(
+    n for n in OPTIMIZERS if n.startswith(("k2_legacy_", "tf_python_keras_"))
+    and any(family in n for family in LEGACY_SLOTS)))
+def test_legacy_slots_equal_the_optimizer_slots_on_a_dense_variable(name):
+    """The rows' slots (accumulators, moments) equal the legacy optimizer's slots of the dense
+    rows, slot by slot."""
+    var, w = _variable(), _dense_weight()
+    optimizer = de.DynamicEmbeddingOptimizer(OPTIMIZERS[name]())
+    table, w_ref = tf.Variable(_variable().lookup(KEYS)), _dense_weight()
+    reference = OPTIMIZERS[name]()
+    for ids in BATCHES:
+        with tf.GradientTape() as tape:
+            rows, anchor = de.embedding_lookup(var, tf.constant(ids), return_trainable=True)
+            loss = _loss(rows, w)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [anchor, w]), [anchor, w]))
+        with tf.GradientTape() as tape:
+            loss = _loss(tf.gather(table, np.searchsorted(KEYS, ids)), w_ref)
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, [table, w_ref])]
+        reference.apply_gradients(zip(grads, [table, w_ref]))
+    family = next(f for f in LEGACY_SLOTS if f in name)
+    slots = var.get_slot_variables(optimizer)
+    assert sorted(reference.get_slot_names()) == sorted(
+        LEGACY_SLOTS[family][s.slot_name] for s in slots)
+    for slot in slots:
+        want = reference.get_slot(table, LEGACY_SLOTS[family][slot.slot_name]).numpy()
+        np.testing.assert_allclose(slot.lookup(KEYS).numpy(), want, rtol=2e-5, atol=2e-6,
+                                   err_msg=slot.slot_name)
 
 
 @pytest.mark.parametrize("name", ["k2_legacy_nadam", "tf_python_keras_nadam"])
