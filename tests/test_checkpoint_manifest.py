@@ -124,7 +124,7 @@ EXPECTED_V1 = {  # what the old writer meant, with the types today's specs have
                 "eps_root": 0.0, "nesterov": False, "amsgrad": False}),
     "ints": ({"initializer": "vector", "values": [1.0, 2.0]},
              {"name": "adagrad", "flavor": "keras", "initial_accumulator_value": 0.1,
-              "epsilon": 1e-07}),
+              "epsilon": 1e-07, "epsilon_in_sqrt": True}),  # a later option, its default
     "dim1": ({"initializer": "vector", "values": [0.25]},
              {"name": "sgd", "flavor": "optax", "momentum": 0.0, "nesterov": False}),
 }

@@ -331,6 +331,34 @@ def test_optax_parity(case):
         table.destroy()
 
 
+
+@pytest.mark.parametrize("beta_1, schedule_decay", [(0.9, 0.004), (0.999, 0.004), (0.999, 0.5)])
+def test_legacy_nadam_schedule_past_kerass_table(beta_1, schedule_decay):
+    """schedule_decay=d is tf_keras' legacy Nadam (momentum factor beta_1*(1 - 0.5*0.96^(d*t)),
+    its momentum_cache the running product). With d < 1 the factor is not beta_1 yet at step
+    1024, where the Keras 3 table stops: the core's table runs on until the product is below
+    2^-25 or the factor is beta_1. Checked against the legacy optimizer past step 1024."""
+    tf_keras = pytest.importorskip("tf_keras", reason="tf-keras (the test extra) is not installed")
+    import tensorflow as tf
+
+    spec = K("nadam", beta_1=beta_1, schedule_decay=schedule_decay)
+    table, init = _preloaded_table(spec, 7)
+    rng = np.random.RandomState(7)
+    try:
+        var = tf.Variable(init[:1].copy())
+        opt = tf_keras.optimizers.legacy.Nadam(learning_rate=1e-3, beta_1=beta_1,
+                                              schedule_decay=schedule_decay)
+        for t in range(1, 1036):
+            g = rng.randn(1, DIM).astype(np.float32)
+            opt.apply_gradients([(tf.constant(g), var)])
+            table.apply_gradients(TRAINED[:1], g, lr=1e-3, step=t)
+            if t in (1, 2, 10, 100, 1024) or t > 1024:
+                values, _ = table.find(TRAINED[:1])
+                np.testing.assert_allclose(values, var.numpy(), rtol=RTOL, atol=ATOL,
+                                           err_msg=f"step {t}")
+    finally:
+        table.destroy()
+
 def test_keras_nadam_u_product_past_its_table():
     """Keras Nadam's u_product is a running float32 product; the core derives it from the step
     (exactly, from a table, up to step 1024; then in closed form). With beta_1=0.999 it is still

@@ -28,7 +28,13 @@ TOL = dict(rtol=2e-5, atol=2e-6)
     lambda: tf_keras.optimizers.SGD(0.1, momentum=0.5, nesterov=True),
     lambda: tf_keras.optimizers.Adagrad(0.2),
     lambda: tf_keras.optimizers.legacy.Adam(0.1),
-], ids=["adam", "sgd_nesterov", "adagrad", "legacy_adam"])
+    # legacy optimizers whose formula is not Keras 3's (epsilon outside the root, Nadam's
+    # momentum schedule); a large epsilon makes its place matter
+    lambda: tf_keras.optimizers.legacy.Adagrad(0.2, epsilon=0.1),
+    lambda: tf_keras.optimizers.legacy.RMSprop(0.05, epsilon=0.1),
+    lambda: tf_keras.optimizers.legacy.Nadam(0.1),
+], ids=["adam", "sgd_nesterov", "adagrad", "legacy_adam", "legacy_adagrad", "legacy_rmsprop",
+        "legacy_nadam"])
 def test_fit_equals_a_dense_embedding(make_optimizer):
     rows, kernel, moved = keras2_fit_check.fit_difference(keras2, make_optimizer)
     assert rows < 2e-6 and kernel < 2e-6

@@ -93,8 +93,25 @@ OPTIMIZERS = {
         0.1, l1_regularization_strength=0.01, l2_regularization_strength=0.1, beta=0.5),
     "k2_legacy_rmsprop_momentum_centered": lambda: tf_keras.optimizers.legacy.RMSprop(
         0.05, momentum=0.5, centered=True),
+    # Legacy optimizers whose formula differs from Keras 3's (the core's epsilon_in_sqrt=false,
+    # schedule_decay). A large epsilon makes its place (in or outside the square root) show
+    # beyond the tolerance.
+    "k2_legacy_adagrad": lambda: tf_keras.optimizers.legacy.Adagrad(0.1),
+    "k2_legacy_adagrad_args": lambda: tf_keras.optimizers.legacy.Adagrad(
+        0.1, initial_accumulator_value=0.3, epsilon=0.1, decay=0.5),
+    "k2_legacy_rmsprop": lambda: tf_keras.optimizers.legacy.RMSprop(0.05, epsilon=0.1),
+    "k2_legacy_rmsprop_centered": lambda: tf_keras.optimizers.legacy.RMSprop(
+        0.05, rho=0.8, epsilon=0.1, centered=True),
+    "k2_legacy_rmsprop_momentum_eps": lambda: tf_keras.optimizers.legacy.RMSprop(
+        0.05, momentum=0.5, epsilon=0.1),
+    "k2_legacy_nadam": lambda: tf_keras.optimizers.legacy.Nadam(0.1),
+    "k2_legacy_nadam_args": lambda: tf_keras.optimizers.legacy.Nadam(
+        0.05, beta_1=0.8, beta_2=0.99, epsilon=0.1, schedule_decay=0.5),
     # TF's own old Keras copy, which TFRA's tests use.
     "tf_python_keras_adam": lambda: _tf_python_keras().adam.Adam(0.1),
+    "tf_python_keras_adagrad": lambda: _tf_python_keras().adagrad.Adagrad(0.1, epsilon=0.1),
+    "tf_python_keras_nadam": lambda: _tf_python_keras().nadam.Nadam(0.1),
+    "tf_python_keras_rmsprop": lambda: _tf_python_keras().rmsprop.RMSprop(0.05, epsilon=0.1),
 }
 
 
@@ -113,7 +130,7 @@ def test_equals_the_optimizer_on_a_dense_variable(name):
     assert not np.allclose(rows, _variable().lookup(KEYS).numpy())  # it trained
 
 
-@pytest.mark.parametrize("name", ["v1_adam", "k2_adam", "k2_legacy_adam"])
+@pytest.mark.parametrize("name", ["v1_adam", "k2_adam", "k2_legacy_adam", "k2_legacy_nadam"])
 def test_embedding_only_steps_are_counted(name):
     """With no dense gradient the wrapper counts the step itself (tf_keras skips an empty
     step): Adam's bias correction then follows the dense reference's step."""
@@ -124,12 +141,79 @@ def test_embedding_only_steps_are_counted(name):
         assert int(optimizer.iterations.numpy()) == len(BATCHES)
 
 
-@pytest.mark.parametrize("name", ["v1_adam", "k2_adam", "k2_legacy_adam", "k2_adam_schedule"])
+@pytest.mark.parametrize("name", ["v1_adam", "k2_adam", "k2_legacy_adam", "k2_adam_schedule",
+                                  "k2_legacy_nadam", "k2_legacy_adagrad_args"])
 def test_inside_tf_function(name):
     rows, w, _ = _train_dynamic(OPTIMIZERS[name](), wrap_step=tf.function)
     want_rows, want_w = _train_dense(OPTIMIZERS[name]())
     np.testing.assert_allclose(rows, want_rows, rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(w, want_w, rtol=2e-5, atol=2e-6)
+
+
+# The core's slot names -> the legacy optimizer's, for the optimizers whose formula differs.
+LEGACY_SLOTS = {
+    "adagrad": {"accumulator": "accumulator"},
+    "rmsprop": {"velocity": "rms", "momentum": "momentum", "average_gradient": "mg"},
+    "nadam": {"momentum": "m", "velocity": "v"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(
+    n for n in OPTIMIZERS if n.startswith(("k2_legacy_", "tf_python_keras_"))
+    and any(family in n for family in LEGACY_SLOTS)))
+def test_legacy_slots_equal_the_optimizer_slots_on_a_dense_variable(name):
+    """The rows' slots (accumulators, moments) equal the legacy optimizer's slots of the dense
+    rows, slot by slot."""
+    var, w = _variable(), _dense_weight()
+    optimizer = de.DynamicEmbeddingOptimizer(OPTIMIZERS[name]())
+    table, w_ref = tf.Variable(_variable().lookup(KEYS)), _dense_weight()
+    reference = OPTIMIZERS[name]()
+    for ids in BATCHES:
+        with tf.GradientTape() as tape:
+            rows, anchor = de.embedding_lookup(var, tf.constant(ids), return_trainable=True)
+            loss = _loss(rows, w)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [anchor, w]), [anchor, w]))
+        with tf.GradientTape() as tape:
+            loss = _loss(tf.gather(table, np.searchsorted(KEYS, ids)), w_ref)
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, [table, w_ref])]
+        reference.apply_gradients(zip(grads, [table, w_ref]))
+    family = next(f for f in LEGACY_SLOTS if f in name)
+    slots = var.get_slot_variables(optimizer)
+    assert sorted(reference.get_slot_names()) == sorted(
+        LEGACY_SLOTS[family][s.slot_name] for s in slots)
+    for slot in slots:
+        want = reference.get_slot(table, LEGACY_SLOTS[family][slot.slot_name]).numpy()
+        np.testing.assert_allclose(slot.lookup(KEYS).numpy(), want, rtol=2e-5, atol=2e-6,
+                                   err_msg=slot.slot_name)
+
+
+@pytest.mark.parametrize("name", ["k2_legacy_nadam", "tf_python_keras_nadam"])
+def test_legacy_nadam_momentum_cache_follows_embedding_only_steps(name):
+    """Legacy Nadam multiplies its momentum_cache by the step's schedule factor in every
+    apply_gradients. A step with embedding gradients only (the dense weight has none) must
+    advance it too, or the dense weight's later steps would use the cache of another step: the
+    reference trains the dense table in every step and the weight in some."""
+    dense_steps = [True, False, False, True]
+    batches = BATCHES + BATCHES[:1]
+    var, w = _variable(), _dense_weight()
+    optimizer = de.DynamicEmbeddingOptimizer(OPTIMIZERS[name]())
+    table, w_ref = tf.Variable(_variable().lookup(KEYS)), _dense_weight()
+    reference = OPTIMIZERS[name]()
+    for ids, with_dense in zip(batches, dense_steps):
+        with tf.GradientTape() as tape:
+            rows, anchor = de.embedding_lookup(var, tf.constant(ids), return_trainable=True)
+            loss = _loss(rows, w)
+        variables = [anchor, w] if with_dense else [anchor]
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        with tf.GradientTape() as tape:
+            loss = _loss(tf.gather(table, np.searchsorted(KEYS, ids)), w_ref)
+        variables = [table, w_ref] if with_dense else [table]
+        grads = [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+        reference.apply_gradients(zip(grads, variables))
+    np.testing.assert_allclose(var.lookup(KEYS).numpy(), table.numpy(), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(w.numpy(), w_ref.numpy(), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(optimizer._m_cache.numpy(), reference._m_cache.numpy(),
+                               rtol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["v1_adam", "k2_adam", "k2_legacy_adam"])
@@ -183,9 +267,6 @@ def test_wrapping_returns_the_same_optimizer_and_keeps_its_name_and_config():
 @pytest.mark.parametrize("make, match", [
     (lambda: V1.MomentumOptimizer(0.1, 0.9), "MomentumOptimizer"),
     (lambda: V1.RMSPropOptimizer(0.1), "RMSPropOptimizer"),
-    (lambda: tf_keras.optimizers.legacy.Adagrad(0.1), "legacy tf_keras Adagrad"),
-    (lambda: tf_keras.optimizers.legacy.RMSprop(0.1), "RMSprop without momentum"),
-    (lambda: tf_keras.optimizers.legacy.Nadam(0.1), "legacy tf_keras Nadam"),
 ])
 def test_optimizers_without_an_exact_fused_equivalent_are_refused(make, match):
     optimizer = make()

@@ -23,9 +23,12 @@ option raises ``TypeError`` / ``NotImplementedError`` when wrapped, naming what 
   ``weight_decay`` is applied as tf_keras does (``w -= w * weight_decay * lr`` before the step);
   ``clipnorm`` / ``clipvalue`` / ``global_clipnorm`` are refused.
 - tf_keras ``optimizers.legacy`` (and TF's own old ``tensorflow.python.keras`` copies): SGD
-  (momentum, nesterov), Adam (amsgrad), Adamax, Adadelta, Ftrl, RMSprop with momentum; ``decay``
-  and learning-rate schedules are followed. (Legacy Adagrad, Nadam and RMSprop without momentum
-  use other formulas: epsilon outside the square root, Nadam's momentum schedule.)
+  (momentum, nesterov), Adam (amsgrad), Adagrad, Adamax, Adadelta, Ftrl, Nadam, RMSprop
+  (momentum, centered); ``decay`` and learning-rate schedules are followed (legacy Nadam ignores
+  ``decay`` for its learning rate, and so does the wrapper). Three of them compute another formula
+  than Keras 3's, which the core takes as a hyper-parameter: Adagrad and RMSprop without momentum
+  add epsilon outside the square root (``epsilon_in_sqrt: false``), Nadam's momentum schedule is
+  ``beta_1*(1 - 0.5*0.96^(0.004*t))`` (``schedule_decay``).
 - ``tf.compat.v1.train``: GradientDescentOptimizer, AdamOptimizer and AdagradOptimizer (Keras'
   Adagrad with epsilon 0); learning rates may be callables. TF1 optimizers have no step counter:
   the wrapper keeps one (``dualemb_step``), advanced by every ``apply_gradients``, which is the
@@ -63,16 +66,16 @@ _KERAS_HYPER = {
                       "l2_shrinkage_regularization_strength", "beta")),
     "Lion": ("lion", ("beta_1", "beta_2")),
 }
-# Legacy (OptimizerV2) optimizers whose TF kernels compute Keras 3's formulas. RMSprop only with
-# momentum: without, it puts epsilon outside the square root.
-_LEGACY_HYPER = {k: _KERAS_HYPER[k] for k in ("Adam", "SGD", "Adamax", "Adadelta", "Ftrl",
-                                               "RMSprop")}
+# Legacy (OptimizerV2) optimizers: Keras 3's hyper-parameters; ``_KerasTwoLegacy.spec`` adds
+# the core's options for those whose formula differs (Adagrad, RMSprop, Nadam).
+_LEGACY_HYPER = {k: _KERAS_HYPER[k] for k in ("Adam", "SGD", "Adagrad", "Adamax", "Adadelta",
+                                               "Ftrl", "Nadam", "RMSprop")}
 # Modules of OptimizerV2 classes: tf_keras' legacy optimizers, and TF's own old copy of Keras
 # (tensorflow.python.keras, which TFRA's tests use).
 _LEGACY_MODULES = ("tf_keras.src.optimizers.legacy.", "tensorflow.python.keras.optimizer_v2.")
 
 SUPPORTED = ("tf_keras.optimizers." + "/".join(_KERAS_HYPER) + ", tf_keras.optimizers.legacy."
-             + "/".join(_LEGACY_HYPER) + " (RMSprop with momentum)" + ", tf.compat.v1.train.GradientDescentOptimizer/"
+             + "/".join(_LEGACY_HYPER) + ", tf.compat.v1.train.GradientDescentOptimizer/"
              "AdamOptimizer/AdagradOptimizer")
 
 
@@ -203,23 +206,45 @@ class _KerasTwoLegacy(_Api):
 
     def check(self, optimizer):
         _refuse_clipping(optimizer)
-        if self.family[0] == "RMSprop" and not _number("momentum", optimizer.momentum):
-            raise TypeError("DynamicEmbeddingOptimizer cannot wrap a legacy RMSprop without "
-                            "momentum (it adds epsilon outside the square root, unlike the "
-                            f"core's); supported: {SUPPORTED}")
 
     def spec(self, optimizer):
-        _, core, hyper = self.family
+        class_name, core, hyper = self.family
         spec = {"name": core, "flavor": "keras"}
         for key in hyper:
             value = getattr(optimizer, key, None)  # a hyper (variable) or a public attribute
             if value is None:  # kept private (Ftrl's initial_accumulator_value, ...)
                 value = getattr(optimizer, "_" + key)
             spec[key] = _number(key, value)
+        if class_name == "Adagrad":
+            # TF's ResourceApplyAdagradV2: w -= lr*g / (sqrt(a) + epsilon)
+            spec["epsilon_in_sqrt"] = False
+        elif class_name == "RMSprop":
+            # Without momentum OptimizerV2 computes w -= lr*g / (sqrt(v) + epsilon) itself; with
+            # momentum TF's ResourceApply(Centered)RMSProp takes sqrt(v + epsilon), as Keras 3.
+            spec["epsilon_in_sqrt"] = bool(optimizer._momentum)
+        elif class_name == "Nadam":
+            # Momentum schedule beta_1*(1 - 0.5*0.96^(schedule_decay*t)); OptimizerV2 keeps
+            # schedule_decay (0.004 by default) as its ``decay``.
+            spec["schedule_decay"] = _number("schedule_decay", optimizer._initial_decay)
         return spec
 
     def learning_rate(self, optimizer):
+        if self.family[0] == "Nadam":  # its _prepare_local reads the learning rate undecayed
+            return tf.cast(optimizer._get_hyper("learning_rate", tf.float32), tf.float32)
         return tf.cast(optimizer._decayed_lr(tf.float32), tf.float32)
+
+    def advance(self, optimizer, dense_applied):
+        m_cache = getattr(optimizer, "_m_cache", None) if self.family[0] == "Nadam" else None
+        if not dense_applied and m_cache is not None:
+            # Nadam's momentum_cache (the product of the schedule's factors) advances with every
+            # apply_gradients: an embedding-only step advances it as Nadam would, so that the
+            # dense variables' next step sees the cache of their step.
+            step = tf.cast(optimizer.iterations + 1, m_cache.dtype)
+            beta_1 = optimizer._get_hyper("beta_1", m_cache.dtype)
+            factor = beta_1 * (1.0 - 0.5 * tf.pow(tf.cast(0.96, m_cache.dtype),
+                                                  optimizer._initial_decay * step))
+            m_cache.assign(m_cache * factor)
+        super().advance(optimizer, dense_applied)
 
 
 class _TfV1(_Api):

@@ -2,6 +2,9 @@
 //
 // keras.optimizers.Adagrad(initial_accumulator_value=0.1, epsilon=1e-7) — slot "accumulator":
 //   a += g*g;  w -= (lr*g) / sqrt(a + epsilon)
+// epsilon_in_sqrt=false (default true) is tf_keras' legacy Adagrad (OptimizerV2, TF's
+// ResourceApplyAdagradV2 / ResourceSparseApplyAdagradV2 kernels):
+//   a += g*g;  w -= (lr*g) / (sqrt(a) + epsilon)
 // optax.adagrad(lr, initial_accumulator_value=0.1, eps=1e-7) — slot "sum_of_squares":
 //   s = g*g + s;  u = (s > 0 ? rsqrt(s + eps) : 0) * g;  w += u*(-lr)
 // (XLA's rsqrt is within 2 ulp of 1/sqrt, which is what is computed here.)
@@ -21,6 +24,7 @@ class Adagrad final : public OptimizerBase {
     const bool keras = flavor == Flavor::kKeras;
     const float init = static_cast<float>(hp.real("initial_accumulator_value", 0.1, kNonNegative));
     eps_ = static_cast<float>(hp.real(keras ? "epsilon" : "eps", 1e-7, kNonNegative));
+    if (keras) eps_in_sqrt_ = hp.flag("epsilon_in_sqrt", true);
     set_spec(hp.finish());
     add_slot(keras ? "accumulator" : "sum_of_squares", init);
   }
@@ -30,18 +34,20 @@ class Adagrad final : public OptimizerBase {
   void apply(float* row, float* slots, const float* grad, int64_t dim,
              const StepArgs& args) const override {
     if (flavor_ == Flavor::kKeras)
-      keras(row, slots, grad, dim, args.lr, eps_);
+      eps_in_sqrt_ ? keras<true>(row, slots, grad, dim, args.lr, eps_)
+                   : keras<false>(row, slots, grad, dim, args.lr, eps_);
     else
       optax(row, slots, grad, dim, -args.lr, eps_);
   }
 
  private:
+  template <bool kEpsInSqrt>
   static void keras(float* __restrict w, float* __restrict a, const float* __restrict g,
                     int64_t dim, float lr, float eps) {
     for (int64_t i = 0; i < dim; ++i) {
       const float ai = a[i] + g[i] * g[i];
       a[i] = ai;
-      w[i] -= (lr * g[i]) / std::sqrt(ai + eps);
+      w[i] -= (lr * g[i]) / (kEpsInSqrt ? std::sqrt(ai + eps) : std::sqrt(ai) + eps);
     }
   }
   static void optax(float* __restrict w, float* __restrict s, const float* __restrict g,
@@ -56,6 +62,7 @@ class Adagrad final : public OptimizerBase {
 
   Flavor flavor_;
   float eps_;
+  bool eps_in_sqrt_ = true;
 };
 
 }  // namespace

@@ -13,6 +13,15 @@
 //   m += (g - m)*(1 - beta_1);  v += (g*g - v)*(1 - beta_2)        ((1 - beta) in float32)
 //   m_hat = (u_t1*m)/(1 - U_t1) + ((1 - u_t)*g)/(1 - U(t));  v_hat = v/(1 - beta_2^t)
 //   w -= (m_hat*lr) / (sqrt(v_hat) + epsilon)
+// schedule_decay=d (default 1, Keras 3) makes the momentum schedule beta_1*(1 - 0.5*0.96^(d*t)),
+// d*t rounded to float32: tf_keras' legacy Nadam (OptimizerV2, schedule_decay=0.004), whose
+// momentum_cache variable is this U(t). Its update rounds in another order
+// (m = beta_1*m + (1-beta_1)*g, m_hat = (1-u_t)*(g/(1-U(t))) + u_t1*(m/(1-U_t1))): same formula,
+// last bits may differ. With d < 1 the factor may not be beta_1 yet at kTable, but then U(kTable)
+// is far below 2^-25 (log U(kTable) <= -0.5 * sum_{s<=1024} 0.96^(d*s) < -30 for d < 0.4; each
+// factor is near beta_1/2 while 0.96^(d*s) is near 1), and 1 - U rounds to 1 in float32 for that
+// U and every later, smaller one: the closed form past the table is then exact too. The table
+// loop checks that one of the two holds rather than assume it (and would grow the table if not).
 // flavor=optax is optax.nadam = optax.adam(nesterov=True) (adam.cc).
 #include <cmath>
 #include <memory>
@@ -26,6 +35,7 @@ namespace optimizers {
 namespace {
 
 constexpr int64_t kTable = 1024;
+constexpr int64_t kTableCap = 1 << 16;  // never reached: see the comment above
 
 class KerasNadam final : public OptimizerBase {
  public:
@@ -34,32 +44,36 @@ class KerasNadam final : public OptimizerBase {
     const double b1 = hp.real("beta_1", 0.9, kUnitOpenHigh);
     const double b2 = hp.real("beta_2", 0.999, kUnitOpenHigh);
     eps_ = static_cast<float>(hp.real("epsilon", 1e-7, kNonNegative));
+    schedule_decay_ = static_cast<float>(hp.real("schedule_decay", 1.0, kNonNegative));
     set_spec(hp.finish());
     b1_ = static_cast<float>(b1);
     b2_ = static_cast<float>(b2);
     omb1_ = 1.f - b1_;  // Keras: 1 - ops.cast(beta_1, float32)
     omb2_ = 1.f - b2_;
-    u_product_.resize(kTable + 1);
     float u = 1.f;
-    u_product_[0] = u;
-    for (int64_t s = 1; s <= kTable; ++s) {
-      u = (u * b1_) * (1.f - 0.5f * pow_step(0.96f, s));
-      u_product_[s] = u;
+    u_product_.push_back(u);
+    for (int64_t s = 1;; ++s) {
+      const float power = schedule_power(s);
+      if (s > kTable && (b1_ * (1.f - 0.5f * power) == b1_ || u < 0x1p-25f)) break;
+      if (s > kTableCap) hp.fail("schedule_decay gives a momentum schedule too slow to tabulate");
+      u = (u * b1_) * (1.f - 0.5f * power);  // Keras 3's order (tf_keras legacy: u * u_t)
+      u_product_.push_back(u);
     }
+    table_ = static_cast<int64_t>(u_product_.size()) - 1;
     add_slot("momentum", 0.f);
     add_slot("velocity", 0.f);
   }
 
   StepArgs prepare(float lr, int64_t step) const override {
     StepArgs a = start(lr, step);
-    const float u_t = b1_ * (1.f - 0.5f * pow_step(0.96f, step));
-    const float u_t1 = b1_ * (1.f - 0.5f * pow_step(0.96f, step + 1));
+    const float u_t = momentum_factor(step);
+    const float u_t1 = momentum_factor(step + 1);
     const float u_prod =
-        step <= kTable
+        step <= table_
             ? u_product_[step]
-            : static_cast<float>(static_cast<double>(u_product_[kTable]) *
+            : static_cast<float>(static_cast<double>(u_product_[table_]) *
                                  std::pow(static_cast<double>(b1_),
-                                          static_cast<double>(step - kTable)));
+                                          static_cast<double>(step - table_)));
     const float u_prod1 = u_prod * u_t1;
     a.c[0] = u_t1;
     a.c[1] = 1.f - u_prod1;
@@ -75,6 +89,15 @@ class KerasNadam final : public OptimizerBase {
   }
 
  private:
+  // 0.96^(d*s), d*s in float32 as tf_keras legacy computes it; with d = 1 the exponent is
+  // float32(s), as Keras 3 computes it.
+  float schedule_power(int64_t s) const {
+    const float exponent = schedule_decay_ * static_cast<float>(s);
+    return static_cast<float>(
+        std::pow(static_cast<double>(0.96f), static_cast<double>(exponent)));
+  }
+  float momentum_factor(int64_t s) const { return b1_ * (1.f - 0.5f * schedule_power(s)); }
+
   DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict m, float* __restrict v,
               const float* __restrict g, int64_t dim, const StepArgs& args) const {
     const float u_t1 = static_cast<float>(args.c[0]), d1 = static_cast<float>(args.c[1]);
@@ -93,8 +116,9 @@ class KerasNadam final : public OptimizerBase {
     }
   }
 
-  float b1_, b2_, omb1_, omb2_, eps_;
-  std::vector<float> u_product_;  // U(0..kTable), Keras' u_product after step s
+  float b1_, b2_, omb1_, omb2_, eps_, schedule_decay_;
+  std::vector<float> u_product_;  // U(0..table_), Keras' u_product after step s
+  int64_t table_;
 };
 
 }  // namespace

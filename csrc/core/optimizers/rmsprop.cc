@@ -5,6 +5,11 @@
 //   v = rho*v + (1-rho)*g*g;  centered: a = rho*a + (1-rho)*g, den = (v - a*a) + epsilon,
 //   else den = v + epsilon;  inc = (lr*g)/sqrt(den)
 //   momentum: mo = momentum*mo + inc, w -= mo;  else w -= inc
+// epsilon_in_sqrt=false (default true) puts epsilon outside the square root,
+// inc = (lr*g)/(sqrt(den') + epsilon) with den' = den - epsilon: tf_keras' legacy RMSprop
+// (OptimizerV2) without momentum, whose Python update is
+// w -= lr*g / (sqrt(v [- a*a]) + epsilon). (With momentum it runs TF's ResourceApplyRMSProp /
+// ResourceApplyCenteredRMSProp kernels, which take the square root of v [- a*a] + epsilon.)
 // optax.rmsprop(lr, decay=0.9, eps=1e-8, initial_scale=0, eps_in_sqrt=True, centered=False,
 // momentum=None, nesterov=False, bias_correction=False) — slots "mu" (centered), "nu", "trace"
 // (momentum):
@@ -34,6 +39,7 @@ class KerasRmsprop final : public OptimizerBase {
     momentum_ = static_cast<float>(hp.real("momentum", 0.0, kUnit));
     eps_ = static_cast<float>(hp.real("epsilon", 1e-7, kNonNegative));
     centered_ = hp.flag("centered", false);
+    eps_in_sqrt_ = hp.flag("epsilon_in_sqrt", true);
     set_spec(hp.finish());
     rho_ = static_cast<float>(rho);
     omr_ = static_cast<float>(1.0 - rho);
@@ -50,16 +56,25 @@ class KerasRmsprop final : public OptimizerBase {
     float* v = slots;
     float* mo = slots + dim;
     float* a = slots + (mom ? 2 : 1) * dim;
-    if (centered_)
-      mom ? kernel<true, true>(row, v, mo, a, grad, dim, args.lr)
-          : kernel<true, false>(row, v, mo, a, grad, dim, args.lr);
+    if (eps_in_sqrt_)
+      dispatch<true>(row, v, mo, a, grad, dim, args.lr, mom);
     else
-      mom ? kernel<false, true>(row, v, mo, a, grad, dim, args.lr)
-          : kernel<false, false>(row, v, mo, a, grad, dim, args.lr);
+      dispatch<false>(row, v, mo, a, grad, dim, args.lr, mom);
   }
 
  private:
-  template <bool kCentered, bool kMomentum>
+  template <bool kEpsInSqrt>
+  void dispatch(float* w, float* v, float* mo, float* a, const float* g, int64_t dim, float lr,
+                bool mom) const {
+    if (centered_)
+      mom ? kernel<true, true, kEpsInSqrt>(w, v, mo, a, g, dim, lr)
+          : kernel<true, false, kEpsInSqrt>(w, v, mo, a, g, dim, lr);
+    else
+      mom ? kernel<false, true, kEpsInSqrt>(w, v, mo, a, g, dim, lr)
+          : kernel<false, false, kEpsInSqrt>(w, v, mo, a, g, dim, lr);
+  }
+
+  template <bool kCentered, bool kMomentum, bool kEpsInSqrt>
   DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict v, float* __restrict mo,
               float* __restrict a, const float* __restrict g, int64_t dim, float lr) const {
     const float rho = rho_, omr = omr_, eps = eps_, momentum = momentum_;
@@ -71,11 +86,11 @@ class KerasRmsprop final : public OptimizerBase {
       if (kCentered) {
         const float ai = rho * a[i] + omr * gi;
         a[i] = ai;
-        den = (vi - ai * ai) + eps;
+        den = kEpsInSqrt ? (vi - ai * ai) + eps : vi - ai * ai;
       } else {
-        den = vi + eps;
+        den = kEpsInSqrt ? vi + eps : vi;
       }
-      const float inc = (lr * gi) / std::sqrt(den);
+      const float inc = (lr * gi) / (kEpsInSqrt ? std::sqrt(den) : std::sqrt(den) + eps);
       if (kMomentum) {
         const float m = momentum * mo[i] + inc;
         mo[i] = m;
@@ -87,7 +102,7 @@ class KerasRmsprop final : public OptimizerBase {
   }
 
   float rho_, omr_, momentum_, eps_;
-  bool centered_;
+  bool centered_, eps_in_sqrt_;
 };
 
 class OptaxRmsprop final : public OptimizerBase {
