@@ -81,64 +81,43 @@ class InsertOrAssignOp : public OpKernel {
   }
 };
 
+// Variable.accum's two forms share everything but their row inputs: `DualembAccum` takes the
+// deltas; `DualembAccumRows` (kFromRows) takes old and new rows and the core computes each delta
+// (new - old where exists, else new) as it adds it: computing them with TF ops before the op
+// cost a pass over the whole batch, about as much as the accum itself.
+template <bool kFromRows>
 class AccumOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
 
   void Compute(OpKernelContext* ctx) override {
+    static constexpr int kExists = kFromRows ? 4 : 3;  // inputs 2 .. kExists-1 are row tensors
+    static constexpr const char* kRowNames[] = {kFromRows ? "old_values" : "deltas", "new_values"};
     int64_t id;
     TableDims d;
     OP_REQUIRES_OK(ctx, TableOf(ctx, &id, &d));
     const Tensor& keys = ctx->input(1);
-    const Tensor& deltas = ctx->input(2);
-    const Tensor& exists = ctx->input(3);
+    const Tensor& exists = ctx->input(kExists);
     OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
-    OP_REQUIRES_OK(ctx, CheckRows(name(), "deltas", d, keys, deltas));
+    for (int i = 2; i < kExists; ++i)
+      OP_REQUIRES_OK(ctx, CheckRows(name(), kRowNames[i - 2], d, keys, ctx->input(i)));
     OP_REQUIRES(ctx, exists.shape() == keys.shape(),
                 absl::InvalidArgumentError(name() + ": exists has shape " +
                                            exists.shape().DebugString() + ", expected keys' " +
                                            keys.shape().DebugString()));
     ScopedRunnerHelpers helpers(ctx);
     int64_t evicted = 0;
-    if (keys.NumElements() > 0) {
-      DE_CORE_CALL(ctx, de_accum(id, d.key_dtype, CoreKeys(keys).ptr(), keys.NumElements(),
-                                 deltas.data(),
-                                 reinterpret_cast<const uint8_t*>(exists.flat<bool>().data()),
-                                 &evicted));
-    }
-    OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));
-  }
-};
-
-// Variable.accum(keys, old, new, exists): the core computes each delta (new - old where exists,
-// else new) as it adds it; computing them with TF ops before the op cost a pass over the whole
-// batch, about as much as the accum itself.
-class AccumRowsOp : public OpKernel {
- public:
-  using OpKernel::OpKernel;
-
-  void Compute(OpKernelContext* ctx) override {
-    int64_t id;
-    TableDims d;
-    OP_REQUIRES_OK(ctx, TableOf(ctx, &id, &d));
-    const Tensor& keys = ctx->input(1);
-    const Tensor& old_values = ctx->input(2);
-    const Tensor& new_values = ctx->input(3);
-    const Tensor& exists = ctx->input(4);
-    OP_REQUIRES_OK(ctx, CheckKeys(name(), d, keys));
-    OP_REQUIRES_OK(ctx, CheckRows(name(), "old_values", d, keys, old_values));
-    OP_REQUIRES_OK(ctx, CheckRows(name(), "new_values", d, keys, new_values));
-    OP_REQUIRES(ctx, exists.shape() == keys.shape(),
-                absl::InvalidArgumentError(name() + ": exists has shape " +
-                                           exists.shape().DebugString() + ", expected keys' " +
-                                           keys.shape().DebugString()));
-    ScopedRunnerHelpers helpers(ctx);
-    int64_t evicted = 0;
-    if (keys.NumElements() > 0) {
-      DE_CORE_CALL(ctx, de_accum_rows(id, d.key_dtype, CoreKeys(keys).ptr(), keys.NumElements(),
-                                      old_values.data(), new_values.data(),
-                                      reinterpret_cast<const uint8_t*>(exists.flat<bool>().data()),
-                                      &evicted));
+    const int64_t n = keys.NumElements();
+    if (n > 0) {
+      const auto* ex = reinterpret_cast<const uint8_t*>(exists.flat<bool>().data());
+      if constexpr (kFromRows) {
+        DE_CORE_CALL(ctx, de_accum_rows(id, d.key_dtype, CoreKeys(keys).ptr(), n,
+                                        ctx->input(2).data(), ctx->input(3).data(), ex,
+                                        &evicted));
+      } else {
+        DE_CORE_CALL(ctx, de_accum(id, d.key_dtype, CoreKeys(keys).ptr(), n,
+                                   ctx->input(2).data(), ex, &evicted));
+      }
     }
     OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));
   }
@@ -192,18 +171,18 @@ REGISTER_KERNEL_BUILDER(
     Name("DualembInsertOrAssign").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
     InsertOrAssignOp);
 REGISTER_KERNEL_BUILDER(Name("DualembAccum").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
-                        AccumOp);
+                        AccumOp<false>);
 REGISTER_KERNEL_BUILDER(Name("DualembAccum").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
-                        AccumOp);
+                        AccumOp<false>);
 REGISTER_KERNEL_BUILDER(Name("DualembAccum").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
-                        AccumOp);
+                        AccumOp<false>);
 REGISTER_KERNEL_BUILDER(
-    Name("DualembAccumRows").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"), AccumRowsOp);
+    Name("DualembAccumRows").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"), AccumOp<true>);
 REGISTER_KERNEL_BUILDER(
-    Name("DualembAccumRows").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"), AccumRowsOp);
+    Name("DualembAccumRows").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"), AccumOp<true>);
 REGISTER_KERNEL_BUILDER(
     Name("DualembAccumRows").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
-    AccumRowsOp);
+    AccumOp<true>);
 REGISTER_KERNEL_BUILDER(Name("DualembErase").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
                         EraseOp);
 REGISTER_KERNEL_BUILDER(Name("DualembErase").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
