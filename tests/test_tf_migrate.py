@@ -33,6 +33,23 @@ def bits(a):
     return np.ascontiguousarray(a, np.float32).view(np.uint32)
 
 
+def _assert_rows_and_adam_slots(page, entry, indices):
+    """A live shard's exported `page` holds, bit for bit, the migrated `entry`'s rows at
+    `indices`, with TFRA's Adam slots where TFRA had them and zero slots elsewhere."""
+    pos = {k: i for i, k in enumerate(page["keys"].tolist())}
+    keys = entry["keys"].tolist()
+    trained = entry["slot_exists"]["m"]
+    for i in indices:
+        row = pos[keys[i]]
+        np.testing.assert_array_equal(bits(page["values"][row]), bits(entry["values"][i]))
+        m, v = page["slots"][row]
+        if trained[i]:
+            np.testing.assert_array_equal(bits(m), bits(entry["slots"]["m"][i]))
+            np.testing.assert_array_equal(bits(v), bits(entry["slots"]["v"][i]))
+        else:
+            assert not m.any() and not v.any()
+
+
 def check_entry(entry, exp, has_step=True):
     """The reader's entry equals TFRA's own export, bit for bit, slots included."""
     dim = exp["dim"]
@@ -189,17 +206,7 @@ def test_load_with_adam_slots():
         trained = entry["slot_exists"]["m"]
         assert 0 < trained.sum() < len(keys)
         for s, t in enumerate(tables):
-            page = t.export()
-            pos = {int(k): i for i, k in enumerate(page["keys"])}
-            for i in np.nonzero(np.mod(keys, 3) == s)[0]:
-                row = pos[int(keys[i])]
-                np.testing.assert_array_equal(bits(page["values"][row]), bits(entry["values"][i]))
-                m, v = page["slots"][row]
-                if trained[i]:
-                    np.testing.assert_array_equal(bits(m), bits(entry["slots"]["m"][i]))
-                    np.testing.assert_array_equal(bits(v), bits(entry["slots"]["v"][i]))
-                else:
-                    assert not m.any() and not v.any()
+            _assert_rows_and_adam_slots(t.export(), entry, np.nonzero(np.mod(keys, 3) == s)[0])
     finally:
         for t in tables:
             t.destroy()
@@ -356,17 +363,8 @@ def test_load_string_keys_with_adam_slots_routes_like_tfra():
         assert 0 < trained.sum() < len(keys)
         for s, t in enumerate(tables):
             page = t.export()
-            pos = {k: i for i, k in enumerate(page["keys"].tolist())}
-            assert len(pos) == report["rows"][s]
-            for i in np.nonzero(owner == s)[0]:
-                row = pos[keys[i]]
-                np.testing.assert_array_equal(bits(page["values"][row]), bits(entry["values"][i]))
-                m, v = page["slots"][row]
-                if trained[i]:
-                    np.testing.assert_array_equal(bits(m), bits(entry["slots"]["m"][i]))
-                    np.testing.assert_array_equal(bits(v), bits(entry["slots"]["v"][i]))
-                else:
-                    assert not m.any() and not v.any()
+            assert len(page["keys"]) == report["rows"][s]
+            _assert_rows_and_adam_slots(page, entry, np.nonzero(owner == s)[0])
     finally:
         for t in tables:
             t.destroy()
