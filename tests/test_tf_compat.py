@@ -64,6 +64,22 @@ def test_math_data_flow_ragged_ops():
     np.testing.assert_array_equal(out.numpy(), [[4.0], [2.0]])
 
 
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+def test_ragged_fill_empty_rows_matches_sparse(dtype):
+    """TFRA's private ragged helper, which its tests import: the same fill as TF's sparse one."""
+    rows = [[1, 2, 3], [], [4], [], [5, 6], []]
+    ragged = tf.ragged.constant(rows, dtype=dtype)
+    filled, empty = de.ragged_embedding_ops._fill_empty_rows(ragged, -7)
+    assert filled.to_list() == [r or [-7] for r in rows]
+    assert filled.dtype == dtype
+    sp_filled, sp_empty = tf.sparse.fill_empty_rows(ragged.to_sparse(), tf.constant(-7, dtype))
+    np.testing.assert_array_equal(empty.numpy(), sp_empty.numpy())
+    np.testing.assert_array_equal(tf.sparse.to_dense(sp_filled, default_value=99).numpy(),
+                                  filled.to_tensor(default_value=99).numpy())
+    with pytest.raises(TypeError, match="RaggedTensor"):
+        de.ragged_embedding_ops._fill_empty_rows(tf.constant([[1]]), 0)
+
+
 SERVE = textwrap.dedent("""
     import os, sys
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"

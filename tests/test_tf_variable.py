@@ -187,11 +187,71 @@ def test_truncated_normal_is_bounded():
     assert np.abs(rows).max() <= 1.0 + 1e-6
 
 
-@pytest.mark.parametrize("bad", [keras.initializers.GlorotUniform(), lambda shape: 0,
-                                 "glorot_uniform", object()])
+@pytest.mark.parametrize("bad", [keras.initializers.Orthogonal(), keras.initializers.Identity(),
+                                 "orthogonal", object()])
 def test_unsupported_initializer_is_a_clear_error(bad):
     with pytest.raises(TypeError, match="supported"):
         _var(dim=2, initializer=bad)
+
+
+@pytest.mark.parametrize("make", [
+    lambda s: keras.initializers.GlorotUniform(seed=s),
+    lambda s: keras.initializers.HeNormal(seed=s),
+    lambda s: keras.initializers.LecunUniform(seed=s),
+    lambda s: keras.initializers.VarianceScaling(3.0, "fan_out", "untruncated_normal", seed=s),
+    lambda s: keras.initializers.VarianceScaling(0.5, "fan_avg", "truncated_normal", seed=s),
+])
+def test_variance_scaling_rows_follow_keras_for_one_key(make):
+    """TFRA draws an initializer with the shape [keys in the lookup, dim]; a key looked up alone
+    gets Keras' distribution for [1, dim]. Compared with Keras itself drawing that shape under
+    many seeds: same spread, same bound."""
+    dim = 8
+    v = _var(dim=dim, initializer=make(5))
+    ours = v.lookup(np.arange(16000, dtype=np.int64)).numpy()
+    keras_rows = np.concatenate([np.asarray(make(s)(shape=(1, dim))) for s in range(2000)])
+    np.testing.assert_allclose(ours.std(), keras_rows.std(), rtol=0.04)
+    assert abs(ours.mean()) < 0.05 * keras_rows.std()
+    # Uniform and truncated-normal draws share a hard bound; untruncated ones share a tail.
+    np.testing.assert_allclose(np.abs(ours).max(), np.abs(keras_rows).max(), rtol=0.1)
+    same = _var(dim=dim, initializer=make(5))  # deterministic per key
+    np.testing.assert_array_equal(same.lookup(np.arange(50, dtype=np.int64)).numpy(), ours[:50])
+
+
+def test_variance_scaling_initializers_of_every_keras():
+    """TF1's and tf_keras' Glorot/He initializers map as Keras 3's do."""
+    import tf_keras
+
+    want = de_inits.to_spec(keras.initializers.GlorotUniform(seed=3), 8, "x")
+    assert want == core_inits.uniform(-np.sqrt(6 / 9), np.sqrt(6 / 9), 3)
+    assert de_inits.to_spec(tf_keras.initializers.GlorotUniform(seed=3), 8, "x") == want
+    assert de_inits.to_spec(tf.compat.v1.glorot_uniform_initializer(seed=3), 8, "x") == want
+    he = core_inits.truncated_normal(0.0, np.sqrt(2.0) / .87962566103423978, 4)
+    assert de_inits.to_spec(keras.initializers.HeNormal(seed=4), 8, "x") == he
+    assert de_inits.to_spec(tf_keras.initializers.HeNormal(seed=4), 8, "x") == he
+    assert de_inits.to_spec("glorot_uniform", 8, "x")["initializer"] == "uniform"
+
+
+def test_callable_initializer_is_called_as_tfra_calls_it():
+    """A callable that is not an initializer object: called once, ``init(shape=[1])`` (or
+    ``init()`` when that fails), and its value is the default row (TFRA's
+    ``_convert_anything_to_init``)."""
+    calls = []
+
+    def with_shape(shape):
+        calls.append(shape)
+        return tf.ones(shape) * 3.0
+
+    v = _var(dim=4, initializer=with_shape)
+    np.testing.assert_array_equal(v.lookup(np.array([1, 2**40], np.int64)).numpy(),
+                                  np.full((2, 4), 3.0, np.float32))
+    assert calls == [[1]]
+    v = _var(dim=3, initializer=lambda: [0.5, -1.0, 2.0])  # no shape argument: init()
+    np.testing.assert_array_equal(v.lookup(np.array([7], np.int64)).numpy(), [[0.5, -1.0, 2.0]])
+    v = _var(dim=3, initializer=lambda: lambda: np.float32(-2.0))  # called while callable
+    np.testing.assert_array_equal(v.lookup(np.array([7], np.int64)).numpy(), [[-2.0] * 3])
+    # A class is called too, and gives an initializer object that maps per key.
+    v = _var(dim=3, initializer=keras.initializers.Ones)
+    np.testing.assert_array_equal(v.lookup(np.array([7], np.int64)).numpy(), [[1.0] * 3])
 
 
 def test_get_variable_reuses_by_name():

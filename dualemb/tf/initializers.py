@@ -20,9 +20,21 @@ and JAX, on any shard count (TFRA draws from a stateful RNG on every lookup inst
 Seeds: an integer seed is used as is. **A seed of None is replaced by a fixed seed derived from
 the Variable's name** (64-bit FNV-1a of the name, masked to 63 bits), so initial rows are
 reproducible from run to run and across frameworks, yet two variables with different names get
-different rows for the same key. Anything else (variance-scaling initializers such as
-``GlorotUniform``, whose values depend on a static shape, or arbitrary callables) raises a
-``TypeError`` that lists what is supported.
+different rows for the same key.
+
+Variance-scaling initializers (``VarianceScaling``, ``GlorotUniform`` / ``GlorotNormal``,
+``HeNormal`` / ``HeUniform``, ``LecunNormal`` / ``LecunUniform``, of Keras 3, tf_keras or
+``tf.compat.v1``) draw from the distribution their config gives for the shape ``[1, dim]`` (fan in
+1, fan out ``dim``): what TFRA draws for a key looked up alone. TFRA calls an initializer with the
+shape ``[number of keys in the lookup, dim]`` on every lookup, so its scale depends on the batch;
+a per-key row cannot, so dualemb fixes it at the one-key shape.
+
+Any other callable that is not an initializer object (a function, a lambda, a ``functools.partial``)
+is called as TFRA calls it, once, when the Variable is made: ``init(shape=[1])``, or ``init()`` if
+that raises, again while the result is callable; the value is the default row (reshaped to
+``dim`` when it has ``dim`` elements, else its first element broadcast). Initializer objects
+without a per-key form (``Orthogonal``, ``Identity``, ...: TFRA redraws them per lookup with the
+lookup's shape) raise a ``TypeError`` that lists what is supported.
 """
 
 from __future__ import annotations
@@ -40,7 +52,9 @@ SUPPORTED = ("None, a number, an array of length dim (or 1), a dualemb.core.init
              "Constant (or their string names), or tf.random_normal_initializer / "
              "tf.random_uniform_initializer / tf.zeros_initializer / tf.ones_initializer / "
              "tf.constant_initializer, or their tf.compat.v1 forms, or tf_keras' RandomNormal / "
-             "TruncatedNormal / RandomUniform / Zeros / Ones / Constant")
+             "TruncatedNormal / RandomUniform / Zeros / Ones / Constant, variance-scaling "
+             "initializers (GlorotUniform, HeNormal, ...), or a callable that is not an "
+             "initializer object (called once, as TFRA does, for a constant default row)")
 
 _KERAS_RANDOM = {
     keras.initializers.RandomNormal: "normal",
@@ -161,7 +175,7 @@ def string_spec(initializer, dim: int) -> dict:
                     "tf.zeros_initializer, tf.constant_initializer(str), or a spec dict")
 
 
-def to_spec(initializer, dim: int, name: str = "") -> dict:
+def to_spec(initializer, dim: int, name: str = "", _depth: int = 0) -> dict:
     """The core initializer spec for a TFRA-style ``initializer`` (see the module docstring)."""
     if initializer is None:
         return core_inits.zeros()
@@ -195,5 +209,79 @@ def to_spec(initializer, dim: int, name: str = "") -> dict:
         return core_inits.constant(1.0)
     if kind_of in _CONSTANT or keras2 == "constant":
         return _value_spec(initializer.get_config()["value"], dim)
+    if _is_variance_scaling(initializer):
+        return _variance_scaling_spec(initializer, dim, name)
+    if callable(initializer) and not _is_initializer_object(initializer) and _depth < 8:
+        return to_spec(_call_as_tfra(initializer), dim, name, _depth + 1)
     raise TypeError(f"unsupported initializer {initializer!r} (type {kind_of.__name__}); "
                     f"supported: {SUPPORTED}")
+
+
+# Base classes of initializer objects: TFRA redraws these on every lookup (shape [n, dim]); only
+# those with a per-key form above are accepted. Any other callable is a plain function.
+_INITIALIZER_BASES = [keras.initializers.Initializer]
+_VARIANCE_SCALING = [keras.initializers.VarianceScaling, type(_V1.variance_scaling_initializer())]
+try:
+    from tensorflow.python.ops import init_ops as _init_ops_v1
+
+    _INITIALIZER_BASES.append(_init_ops_v1.Initializer)
+except ImportError:  # pragma: no cover
+    pass
+if _init_ops_v2 is not None:
+    _INITIALIZER_BASES.append(_init_ops_v2.Initializer)
+    _VARIANCE_SCALING.append(_init_ops_v2.VarianceScaling)
+
+
+def _keras2_bases(initializer) -> set:
+    return {c.__name__ for c in type(initializer).__mro__
+            if c.__module__.startswith(_KERAS_TWO_MODULES)}
+
+
+def _is_initializer_object(initializer) -> bool:
+    return (isinstance(initializer, tuple(_INITIALIZER_BASES))
+            or "Initializer" in _keras2_bases(initializer))
+
+
+def _is_variance_scaling(initializer) -> bool:
+    return (isinstance(initializer, tuple(_VARIANCE_SCALING))
+            or "VarianceScaling" in _keras2_bases(initializer))
+
+
+def _variance_scaling_spec(initializer, dim: int, name: str) -> dict:
+    """Keras' VarianceScaling for the shape [1, dim] (fan_in 1, fan_out dim), per key. Scale,
+    mode and distribution are attributes (``GlorotUniform``'s config holds only its seed); the
+    seed comes from the config, where None stays None (Keras 3 draws a random one into the
+    attribute)."""
+    scale, mode = float(initializer.scale), initializer.mode
+    fans = {"fan_in": 1.0, "fan_out": float(dim), "fan_avg": (1.0 + dim) / 2.0}
+    if mode not in fans:
+        raise TypeError(f"VarianceScaling mode {mode!r} is not one of {sorted(fans)}")
+    variance = scale / max(1.0, fans[mode])
+    distribution = initializer.distribution
+    seed = _seed(initializer.get_config().get("seed"), name)
+    if distribution == "uniform":
+        limit = float(np.sqrt(3.0 * variance))
+        return core_inits.uniform(-limit, limit, seed)
+    if distribution == "untruncated_normal":
+        return core_inits.normal(0.0, float(np.sqrt(variance)), seed)
+    if distribution in ("truncated_normal", "normal"):  # TF1 reads "normal" as truncated
+        # The stddev of a unit normal truncated to 2 sigma (Keras' constant), so the rows'
+        # variance is ``variance``.
+        return core_inits.truncated_normal(0.0, float(np.sqrt(variance)) / .87962566103423978,
+                                           seed)
+    raise TypeError(f"VarianceScaling distribution {distribution!r} is not supported")
+
+
+def _call_as_tfra(initializer):
+    """What TFRA's ``_convert_anything_to_init`` does with a callable: ``init(shape=[1])``, or
+    ``init()`` if that raises."""
+    try:
+        value = initializer(shape=[1])
+    except Exception:  # noqa: BLE001 -- TFRA's rule: any failure means "call it without a shape"
+        value = initializer()
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        if not hasattr(value, "numpy"):
+            raise TypeError("a callable initializer must return a concrete value when called "
+                            "eagerly (it is called once, when the Variable is made)")
+        value = value.numpy()
+    return value
