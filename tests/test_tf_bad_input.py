@@ -86,6 +86,21 @@ def test_values_of_wrong_shape_or_dtype(var, values, error):
     _unchanged(var)
 
 
+@pytest.mark.parametrize("values", [
+    np.arange(6, dtype=np.float32),                      # flat: as many elements, refused
+    np.zeros((3, 2), np.float32),                        # transposed
+    np.zeros((2, 2), np.float32),                        # too few keys
+    np.zeros((2, 1), np.float32),                        # too small a dim
+])
+def test_wrong_shape_eagerly_is_both_errors_tfra_code_catches(var, values):
+    """Eagerly the shape is checked before any op: the error is a ValueError and, as TFRA's
+    kernel error for it, an InvalidArgumentError whose message says "Expected shape"."""
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"Expected shape \(2, 3\)") as e:
+        var.upsert(tf.constant([7, 8], tf.int64), tf.constant(values))
+    assert isinstance(e.value, ValueError) and f"got {values.shape}" in str(e.value)
+    _unchanged(var)
+
+
 def test_wrong_shape_inside_a_function_is_an_op_error(var):
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64),
                                   tf.TensorSpec([None, None], tf.float32)])

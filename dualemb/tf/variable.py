@@ -49,7 +49,7 @@ from dualemb.core.spec import to_spec
 from dualemb.tf import file_system, ops, tf_checkpoint, variable_store
 from dualemb.tf import initializers as de_inits
 from dualemb.tf.distribute.placement import default_devices
-from dualemb.tf.errors import DtypeMismatchError
+from dualemb.tf.errors import DtypeMismatchError, ShapeMismatchError
 from dualemb.tf.distribute import replica_shards
 from dualemb.tf.creators import CuckooHashTableCreator, KVCreator
 from dualemb.tf.policies import RestrictPolicy
@@ -337,8 +337,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                     f"{what} cannot be converted to {self._value_dtype.name}: {e}") from e
         want = keys.shape.concatenate([self._dim])
         if not values.shape.is_compatible_with(want):
-            raise ValueError(f"{what} have shape {values.shape}, expected keys.shape + [dim] = "
-                             f"{want}")
+            raise ShapeMismatchError(f"Expected shape {want} (keys.shape + [dim]) for {what} of "
+                                     f"Variable {self._name!r}, got {values.shape}")
         return values
 
     # ---- sharding --------------------------------------------------------------------------------
