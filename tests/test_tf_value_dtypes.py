@@ -304,3 +304,40 @@ def test_keras_weight_files_keep_the_value_dtype(tmp_path, value_dtype):
     emb.params.clear()
     model.load_weights(path)
     assert_exact(emb.params.lookup(keys).numpy(), rows)
+
+
+# Defaults that float32 cannot hold: 2**24 + 1 (int32), 2**40 + 1 (int64), 0.1 (float64). Each must reach the table as given, whatever form the initializer takes.
+EXACT_DEFAULTS = [
+    ("int32", [2**24 + 1, -(2**31), 2**31 - 1]),
+    ("int64", [2**40 + 1, -(2**52) - 3, 7]),
+    ("float64", [0.1, 1.0 / 3.0, -2.0**-30]),
+]
+
+
+@pytest.mark.parametrize("value_dtype,row", EXACT_DEFAULTS)
+@pytest.mark.parametrize("form", ["list", "numpy", "tensor", "callable", "constant"])
+def test_initializer_values_reach_the_table_exactly(value_dtype, row, form):
+    """A default row is never rounded through float32 on its way to the core (it was: an int32
+    table given [2**24 + 1, ...] read 16777216)."""
+    want = np.array(row, NP[value_dtype])
+    init = {"list": row, "numpy": want, "tensor": tf.constant(want),
+            "callable": lambda: want, "constant": row[0]}[form]
+    v = de.Variable(dim=DIM, value_dtype=getattr(tf, value_dtype), initializer=init,
+                    name=f"exact_{value_dtype}_{form}")
+    got = v.lookup(tf.constant([5, 2**40], tf.int64)).numpy()
+    expect = np.broadcast_to(want if form != "constant" else want[:1], (2, DIM))
+    np.testing.assert_array_equal(bits(got), bits(expect.astype(NP[value_dtype])))
+    core_init = want if form in ("tensor", "callable") else init
+    same = Table(dim=DIM, value_dtype=value_dtype, initializer=core_init)
+    np.testing.assert_array_equal(bits(same.find(np.array([5], np.int64))[0][0]),
+                                  bits(expect[0].astype(NP[value_dtype])))
+
+
+def test_int64_beyond_2_53_constant_exact_vector_refused():
+    """An int64 constant beyond 2^53 is kept exactly; the core reads a vector's values as
+    doubles, so a vector value they cannot hold is refused, never rounded."""
+    big = 2**60 + 1
+    v = de.Variable(dim=2, value_dtype=tf.int64, initializer=big, name="exact_big_constant")
+    np.testing.assert_array_equal(v.lookup(tf.constant([1], tf.int64)).numpy(), [[big, big]])
+    with pytest.raises(ValueError, match="2\\^53"):
+        de.Variable(dim=2, value_dtype=tf.int64, initializer=[big, 3], name="exact_big")

@@ -17,14 +17,28 @@ def zeros() -> dict:
     return {"initializer": "zeros"}
 
 
+def _exact(value):
+    """A JSON-exact number: an integer stays an int (an int64 table's constant may exceed 2^53,
+    and the core keeps JSON integers exactly), anything else a float64. Never rounded through
+    float32: an integer or float64 table would silently get another value."""
+    if isinstance(value, (bool, np.bool_)):
+        return int(value)
+    if isinstance(value, (numbers.Integral, np.integer)):
+        return int(value)
+    return float(value)
+
+
 def constant(value: float) -> dict:
-    return {"initializer": "constant", "value": float(value)}
+    return {"initializer": "constant", "value": _exact(value)}
 
 
 def vector(values) -> dict:
-    """Every new row is `values` (length dim, or length 1 broadcast to dim)."""
-    arr = np.asarray(values, dtype=np.float32).reshape(-1)
-    return {"initializer": "vector", "values": [float(v) for v in arr]}
+    """Every new row is `values` (length dim, or length 1 broadcast to dim), kept exactly: the
+    table rounds them once, to its own value dtype."""
+    arr = np.asarray(values).reshape(-1)
+    if arr.dtype.kind not in "biuf":
+        arr = arr.astype(np.float64)  # numbers given as objects or strings; raises if not numbers
+    return {"initializer": "vector", "values": [_exact(v) for v in arr.tolist()]}
 
 
 def _utf8_text(x, what: str) -> str:

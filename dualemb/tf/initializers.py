@@ -115,12 +115,18 @@ def _random_spec(kind: str, config: dict, name: str) -> dict:
 
 
 def _value_spec(value, dim: int) -> dict:
-    arr = np.asarray(value, dtype=np.float32).reshape(-1)
+    # Not through float32: an int64 or float64 table would silently get a rounded default.
+    arr = np.asarray(value).reshape(-1)
+    if arr.dtype.kind not in "biuf":
+        try:
+            arr = arr.astype(np.float64)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"initializer {value!r} is not numeric; supported: {SUPPORTED}") from e
     if arr.size == 0:
         raise ValueError("an initializer array must not be empty")
     if arr.size == dim and dim > 1:
         return core_inits.vector(arr)
-    return core_inits.constant(float(arr[0]))  # TFRA broadcasts the first element
+    return core_inits.constant(arr[0].item())  # TFRA broadcasts the first element
 
 
 _TF_KERAS_KINDS = {"RandomNormal": "normal", "TruncatedNormal": "truncated_normal",
@@ -189,7 +195,7 @@ def to_spec(initializer, dim: int, name: str = "", _depth: int = 0) -> dict:
     if isinstance(initializer, bool):
         raise TypeError(f"unsupported initializer {initializer!r}; supported: {SUPPORTED}")
     if isinstance(initializer, numbers.Real):
-        return core_inits.constant(float(initializer))
+        return core_inits.constant(initializer)
     if isinstance(initializer, (list, tuple, np.ndarray)):
         return _value_spec(initializer, dim)
     if isinstance(initializer, (tf.Tensor, tf.Variable)):
