@@ -33,14 +33,23 @@ def test_read_value_prefetches_the_ids_or_returns_the_kept_rows():
     assert shadow.read_value().numpy().tolist() == []
     shadow._reset_ids(tf.constant([2, 3, 4], tf.int64))
     assert shadow.read_value(do_prefetch=False).numpy().tolist() == []
+    # TFRA code reads the buffer through its handle too.
+    from tensorflow.python.ops import gen_resource_variable_ops
+
+    def buffer():
+        return gen_resource_variable_ops.read_variable_op(shadow._handle, tf.float32).numpy()
+
+    assert buffer().tolist() == []
     np.testing.assert_allclose(shadow.read_value(do_prefetch=True),
                                [[2., 2.], [3., 3.], [0.1, 0.1]])
     assert shadow.exists.numpy().tolist() == [True, True, False]
     shadow._reset_ids(tf.constant([3, 4, 5], tf.int64))
     np.testing.assert_allclose(shadow.read_value(do_prefetch=False),
                                [[2., 2.], [3., 3.], [0.1, 0.1]])
+    np.testing.assert_allclose(buffer(), [[2., 2.], [3., 3.], [0.1, 0.1]])
     np.testing.assert_allclose(shadow.read_value(do_prefetch=True),
                                [[3., 3.], [0.1, 0.1], [0.1, 0.1]])
+    np.testing.assert_allclose(buffer(), [[3., 3.], [0.1, 0.1], [0.1, 0.1]])
 
 
 def test_size_is_the_tables():

@@ -13,7 +13,8 @@ lookup:
   optimizer step through the shadow refreshes the kept rows, so, as in TFRA, they show the
   updated values;
 - ``exists``: whether each key of ``ids`` was in the table at the last prefetch;
-- ``size()``: the table's size; ``params``: the Variable; ``embedding_lookup(ids, ...)``.
+- ``size()``: the table's size; ``params``: the Variable; ``embedding_lookup(ids, ...)``;
+  ``_handle``: the kept rows' resource handle (TFRA code reads its buffer through it).
 - a TF checkpoint that saves or restores the shadow clears ``ids``, ``exists`` and the kept rows
   (as TFRA clears its shadow buffers when saving).
 
@@ -73,6 +74,12 @@ class ShadowVariable(TrainableWrapper):
     # ---- TFRA's API --------------------------------------------------------------------------------
     def size(self):
         return self.params.size()
+
+    @property
+    def _handle(self):
+        """The resource handle of the kept rows: what TFRA's ShadowVariable buffer holds and its
+        code (and tests) read with ``read_variable_op(shadow._handle, dtype)``."""
+        return self._kept_rows.handle
 
     def _reset_ids(self, ids):
         return self.ids.assign(tf.convert_to_tensor(ids, self.params.key_dtype))
