@@ -70,12 +70,14 @@ def callables(op: str, var, table: Table, handle, k_np, v_np, e_np, dim: int) ->
         empty_fn = tf.function(lambda k, v: tf.constant(0))
         empty = lambda: empty_fn(k, v)  # noqa: E731
     elif op == "accum":
-        # Variable.accum(keys, old, new, exists): deltas = new - old where exists (one TF sub and
-        # select, then the op); the core call gets the deltas directly.
+        # Variable.accum(keys, old, new, exists): the op (DualembAccumRows) hands old and new
+        # rows to the core, which forms new - old where exists as it adds; the core column makes
+        # the same call (Table.accum_rows) on the same batch.
         zeros = tf.zeros_like(v)
+        zeros_np = np.zeros_like(v_np)
         eager = lambda: var.accum(k, zeros, v, e)  # noqa: E731
         graph_fn = tf.function(lambda k, o, v, e: var.accum(k, o, v, e))
-        core = lambda: table.accum(k_np, v_np, e_np)  # noqa: E731
+        core = lambda: table.accum_rows(k_np, zeros_np, v_np, e_np)  # noqa: E731
         graph = lambda: graph_fn(k, zeros, v, e)  # noqa: E731
         empty_fn = tf.function(lambda k, o, v, e: tf.constant(0))
         empty = lambda: empty_fn(k, zeros, v, e)  # noqa: E731

@@ -92,6 +92,43 @@ def test_accum_follows_tfra_rule(make):
     assert 4 not in d                                # absent & exists -> ignored
 
 
+def test_accum_rows_is_accum_of_new_minus_old(make):
+    """accum_rows(keys, old, new, exists) (TFRA's Variable.accum) equals accum of the deltas
+    numpy computes (new - old where exists, else new), on the TFRA rule's four cases."""
+    rng = np.random.default_rng(3)
+    start = rng.normal(size=(2, 3)).astype(np.float32)
+    keys = np.array([1, 2, 3, 4, 1])  # 1 twice: both deltas are added
+    old = rng.normal(size=(5, 3)).astype(np.float32)
+    new = rng.normal(size=(5, 3)).astype(np.float32)
+    exists = np.array([True, False, False, True, True])
+    t, ref = make(dim=3), make(dim=3)
+    for table in (t, ref):
+        table.insert_or_assign(np.array([1, 2]), start)
+    t.accum_rows(keys, old, new, exists)
+    ref.accum(keys, np.where(exists[:, None], new - old, new), exists)
+    got, want = as_dict(t), as_dict(ref)
+    assert sorted(got) == sorted(want) == [1, 2, 3]
+    for k in got:
+        np.testing.assert_array_equal(got[k], want[k])
+    np.testing.assert_array_equal(got[2], start[1])  # present & !exists: ignored
+    np.testing.assert_array_equal(got[3], new[2])    # absent & !exists: inserted as new
+    with pytest.raises(ValueError, match="old_values"):
+        t.accum_rows(keys, old[:2], new, exists)
+    assert as_dict(t).keys() == got.keys()
+
+
+def test_accum_rows_integer_and_string_keys():
+    """int8 rows wrap around as integers do; string keys take the same route."""
+    t = Table(dim=2, value_dtype="int8", key_dtype="string")
+    t.insert_or_assign(np.array([b"a", b"b"], object), np.array([[120, -120], [5, 5]], np.int8))
+    old = np.array([[0, 0], [5, 6]], np.int8)
+    new = np.array([[10, -10], [7, 7]], np.int8)
+    t.accum_rows(np.array([b"a", b"b"], object), old, new, np.array([True, True]))
+    want = np.array([[120, -120], [5, 5]], np.int8).astype(np.int64) + (new - old).astype(np.int64)
+    want = ((want + 128) % 256 - 128).astype(np.int8)  # two's complement wrap
+    np.testing.assert_array_equal(t.find(np.array([b"a", b"b"], object))[0], want)
+
+
 def test_erase_clear_size_and_reinsert(make):
     t = make(dim=2)
     rng = np.random.default_rng(0)

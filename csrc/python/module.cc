@@ -220,6 +220,24 @@ PYBIND11_MODULE(_core, m) {
     check(rc);
     return evicted;
   });
+  // accum with the deltas still to compute (TFRA's Variable.accum(keys, old, new, exists)):
+  // the core forms new - old where exists as it adds, with no pass over the batch first.
+  m.def("accum_rows", [](int64_t id, py::array keys, py::array old_values, py::array new_values,
+                         py::array exists) {
+    KeyView k = key_view(keys);
+    RowFormat f = row_format(id);
+    dualemb_py::RowsIn o(old_values, k.n * f.dim, f.value_dtype, "old_values");
+    dualemb_py::RowsIn v(new_values, k.n * f.dim, f.value_dtype, "new_values");
+    const uint8_t* e = typed_input<uint8_t>(exists, k.n, "exists");
+    int64_t evicted = 0;
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = de_accum_rows(id, k.dtype, k.ptr, k.n, o.ptr(), v.ptr(), e, &evicted);
+    }
+    check(rc);
+    return evicted;
+  });
   m.def("erase", [](int64_t id, py::array keys) {
     KeyView k = key_view(keys);
     int rc;

@@ -324,13 +324,29 @@ class Table:
         with exists True gets row += delta; anything else is ignored. Integer rows wrap around
         on overflow (two's complement); float16/bfloat16 add in float32 and round."""
         k = self._keys(keys)
+        e = self._exists(exists, k)
+        return self._record_evicted(_core.accum(self._id, k, self._rows(deltas, k, "deltas"),
+                                                np.require(e, requirements="C").view(np.uint8)))
+
+    @staticmethod
+    def _exists(exists, k) -> np.ndarray:
         e = np.asarray(exists)
         if e.size == 0 and isinstance(exists, (list, tuple)):
             e = e.astype(bool)
         if e.shape != k.shape or e.dtype != bool:
             raise ValueError(f"exists must be a bool array of shape {k.shape}")
-        return self._record_evicted(_core.accum(self._id, k, self._rows(deltas, k, "deltas"),
-                                                np.require(e, requirements="C").view(np.uint8)))
+        return e
+
+    def accum_rows(self, keys, old_values, new_values, exists) -> int:
+        """``accum`` with the deltas still to compute, TFRA's ``Variable.accum(keys, old, new,
+        exists)``: delta = new - old where ``exists``, else new, in the value dtype's arithmetic
+        (the same result as computing the deltas and calling ``accum``), formed by the core as it
+        adds them."""
+        k = self._keys(keys)
+        e = self._exists(exists, k)
+        return self._record_evicted(_core.accum_rows(
+            self._id, k, self._rows(old_values, k, "old_values"),
+            self._rows(new_values, k, "new_values"), np.require(e, requirements="C").view(np.uint8)))
 
     def erase(self, keys) -> None:
         """Erases keys (absent ones are ignored). Emptied row chunks go back to the OS (one spare
