@@ -333,11 +333,18 @@ def test_initializer_values_reach_the_table_exactly(value_dtype, row, form):
                                   bits(expect[0].astype(NP[value_dtype])))
 
 
-def test_int64_beyond_2_53_constant_exact_vector_refused():
-    """An int64 constant beyond 2^53 is kept exactly; the core reads a vector's values as
-    doubles, so a vector value they cannot hold is refused, never rounded."""
+def test_int64_beyond_2_53_exact_as_integers_refused_as_floats():
+    """int64 defaults beyond 2^53 (a double's integer range) are kept exactly when given as
+    integers, as a constant or a vector; given as floats, they may already be rounded, so they
+    are refused, never stored possibly wrong."""
     big = 2**60 + 1
     v = de.Variable(dim=2, value_dtype=tf.int64, initializer=big, name="exact_big_constant")
     np.testing.assert_array_equal(v.lookup(tf.constant([1], tf.int64)).numpy(), [[big, big]])
+    row = np.array([big, -(2**62) - 5], np.int64)
+    for init in (row.tolist(), row, tf.constant(row)):
+        v = de.Variable(dim=2, value_dtype=tf.int64, initializer=init, name="exact_big_vector")
+        np.testing.assert_array_equal(v.lookup(tf.constant([1], tf.int64)).numpy(), [row])
+    np.testing.assert_array_equal(
+        Table(dim=2, value_dtype="int64", initializer=row).find(np.array([9]))[0], [row])
     with pytest.raises(ValueError, match="2\\^53"):
-        de.Variable(dim=2, value_dtype=tf.int64, initializer=[big, 3], name="exact_big")
+        de.Variable(dim=2, value_dtype=tf.int64, initializer=[2.0**60, 3.0], name="exact_float")

@@ -285,13 +285,26 @@ bool Config::get_bool(const std::string& name, bool fallback) const {
 
 std::vector<double> Config::get_doubles(const std::string& name) const {
   std::vector<double> out;
+  for (const Number& n : get_numbers(name)) out.push_back(n.d);
+  return out;
+}
+
+std::vector<Config::Number> Config::get_numbers(const std::string& name) const {
+  std::vector<Number> out;
   auto it = impl_->value.find(name);
   if (it == impl_->value.end()) return out;
   if (!it->is_array()) wrong_type(impl_->what, name, "a list of numbers", *it);
   for (const Json& item : *it) {
     if (!item.is_number() || !std::isfinite(item.get<double>()))
       wrong_type(impl_->what, name, "a list of finite numbers", *it);
-    out.push_back(item.get<double>());
+    Number n;
+    n.d = item.get<double>();
+    if (item.is_number_integer() &&
+        !(item.is_number_unsigned() && item.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))) {
+      n.is_int = true;
+      n.i = item.get<int64_t>();
+    }
+    out.push_back(n);
   }
   impl_->record(name, *it);
   return out;

@@ -47,6 +47,14 @@ class Config {
   bool get_bool(const std::string& name, bool fallback) const;  // JSON true / false
   // A JSON list of finite numbers (empty if absent).
   std::vector<double> get_doubles(const std::string& name) const;
+  // The same list with each JSON integer in the int64 range also kept exactly (a double holds
+  // integers only up to 2^53).
+  struct Number {
+    double d = 0.0;
+    bool is_int = false;
+    long long i = 0;
+  };
+  std::vector<Number> get_numbers(const std::string& name) const;
   // A JSON list of strings (`fallback` if absent).
   std::vector<std::string> get_strings(const std::string& name,
                                        const std::vector<std::string>& fallback) const;

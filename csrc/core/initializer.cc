@@ -33,13 +33,19 @@ Initializer Initializer::from_config(const Config& c, int64_t dim) {
   } else if (kind == "vector") {
     init.kind_ = kVector;
     if (!c.has("values")) throw std::invalid_argument("vector initializer needs 'values'");
-    std::vector<double> v = c.get_doubles("values");
+    std::vector<Config::Number> v = c.get_numbers("values");
     if (v.size() == 1) v.assign(static_cast<size_t>(dim), v[0]);
     if (static_cast<int64_t>(v.size()) != dim)
       throw std::invalid_argument("vector initializer has " + std::to_string(v.size()) +
                                   " values; it needs dim=" + std::to_string(dim) + " or 1");
-    init.vector_.assign(v.begin(), v.end());
-    init.vector_given_ = v;
+    for (const Config::Number& n : v) {
+      init.vector_.push_back(static_cast<float>(n.d));
+      ConstantValue given;
+      given.d = n.d;
+      given.is_int = n.is_int;
+      given.i = n.i;
+      init.vector_given_.push_back(given);
+    }
   } else if (kind == "normal" || kind == "truncated_normal") {
     init.kind_ = kind == "normal" ? kNormal : kTruncatedNormal;
     init.seed_ = c.get_uint("seed", 0);
@@ -81,7 +87,7 @@ std::vector<ConstantValue> Initializer::constant_values() const {
       v.is_int = constant_is_int_;
       v.i = constant_int_;
     } else if (kind_ == kVector) {
-      v.d = vector_given_[j];
+      v = vector_given_[j];
     }
   }
   return out;

@@ -39,7 +39,8 @@ class Initializer {
   uint64_t seed_ = 0;
   double a_ = 0.0, b_ = 1.0;  // mean/stddev, minval/maxval, or the constant in a_
   std::vector<float> vector_;   // kVector: dim values
-  std::vector<double> vector_given_;  // kVector: the values as given (before float rounding)
+  // kVector: the values as given (before float rounding; JSON integers exactly).
+  std::vector<ConstantValue> vector_given_;
   bool constant_is_int_ = false;  // kConstant given as a JSON integer: exact in constant_int_
   int64_t constant_int_ = 0;
 };

@@ -139,7 +139,7 @@ void store_integer(const ConstantValue& v, unsigned char* out, const char* dtype
     if (sizeof(T) == 8 && std::fabs(v.d) >= 9007199254740992.0)
       throw std::invalid_argument("initializer value " + format_double(v.d) +
                                   " is beyond 2^53 and not given as an integer; an int64 "
-                                  "constant that large must be a JSON integer ('constant')");
+                                  "value that large must be a JSON integer");
     x = static_cast<int64_t>(v.d);
   }
   if (x < static_cast<int64_t>(lo) || x > static_cast<int64_t>(hi))
