@@ -283,12 +283,6 @@ bool Config::get_bool(const std::string& name, bool fallback) const {
   return it->get<bool>();
 }
 
-std::vector<double> Config::get_doubles(const std::string& name) const {
-  std::vector<double> out;
-  for (const Number& n : get_numbers(name)) out.push_back(n.d);
-  return out;
-}
-
 std::vector<Config::Number> Config::get_numbers(const std::string& name) const {
   std::vector<Number> out;
   auto it = impl_->value.find(name);

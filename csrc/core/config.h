@@ -45,10 +45,8 @@ class Config {
   long long get_int(const std::string& name, long long fallback) const;  // JSON integer, int64
   unsigned long long get_uint(const std::string& name, unsigned long long fallback) const;
   bool get_bool(const std::string& name, bool fallback) const;  // JSON true / false
-  // A JSON list of finite numbers (empty if absent).
-  std::vector<double> get_doubles(const std::string& name) const;
-  // The same list with each JSON integer in the int64 range also kept exactly (a double holds
-  // integers only up to 2^53).
+  // A JSON list of finite numbers (empty if absent), each as a double and, when it is a JSON
+  // integer in the int64 range, also exactly (a double holds integers only up to 2^53).
   struct Number {
     double d = 0.0;
     bool is_int = false;

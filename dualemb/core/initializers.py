@@ -21,9 +21,7 @@ def _exact(value):
     """A JSON-exact number: an integer stays an int (an int64 table's constant may exceed 2^53,
     and the core keeps JSON integers exactly), anything else a float64. Never rounded through
     float32: an integer or float64 table would silently get another value."""
-    if isinstance(value, (bool, np.bool_)):
-        return int(value)
-    if isinstance(value, (numbers.Integral, np.integer)):
+    if isinstance(value, (numbers.Integral, np.integer, np.bool_)):  # bool is Integral
         return int(value)
     return float(value)
 
