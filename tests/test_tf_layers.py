@@ -70,6 +70,21 @@ def test_squashed_embedding(combiner):
     assert layer.compute_output_shape((4,)) == (3,)
 
 
+def test_layer_with_a_function_initializer_rebuilds_from_its_config():
+    """A plain function (here a lambda, which Keras will not serialize safely) is called once
+    when the table is made (TFRA's rule); the layer's config records the resulting row, so a
+    rebuilt layer gives missing keys the same row."""
+    layer = de.keras.layers.Embedding(3, initializer=lambda shape: np.array([3.0, -1.0, 0.5]),
+                                      name=_name("fn"))
+    ids = tf.constant([[5, 2**40]], tf.int64)
+    np.testing.assert_array_equal(layer(ids).numpy(), [[[3.0, -1.0, 0.5]] * 2])
+    config = layer.get_config()
+    config["name"] = _name("fn_rebuilt")
+    rebuilt = de.keras.layers.Embedding.from_config(config)
+    np.testing.assert_array_equal(rebuilt(ids).numpy(), layer(ids).numpy())
+    assert rebuilt.params.initializer_spec == layer.params.initializer_spec
+
+
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 def test_field_wise_embedding(combiner):
     layer = de.keras.layers.FieldWiseEmbedding(2, nslots=3, combiner=combiner, name=_name("fw"),

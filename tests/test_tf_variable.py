@@ -252,6 +252,9 @@ def test_callable_initializer_is_called_as_tfra_calls_it():
     # A class is called too, and gives an initializer object that maps per key.
     v = _var(dim=3, initializer=keras.initializers.Ones)
     np.testing.assert_array_equal(v.lookup(np.array([7], np.int64)).numpy(), [[1.0] * 3])
+    # A function that returns nothing is an error, not a zeros default.
+    with pytest.raises(TypeError, match="returned None"):
+        _var(dim=3, initializer=lambda shape: None)
 
 
 def test_get_variable_reuses_by_name():

@@ -217,7 +217,7 @@ def to_spec(initializer, dim: int, name: str = "", _depth: int = 0) -> dict:
         return _value_spec(initializer.get_config()["value"], dim)
     if _is_variance_scaling(initializer):
         return _variance_scaling_spec(initializer, dim, name)
-    if callable(initializer) and not _is_initializer_object(initializer) and _depth < 8:
+    if callable(initializer) and not is_initializer_object(initializer) and _depth < 8:
         return to_spec(_call_as_tfra(initializer), dim, name, _depth + 1)
     raise TypeError(f"unsupported initializer {initializer!r} (type {kind_of.__name__}); "
                     f"supported: {SUPPORTED}")
@@ -225,17 +225,12 @@ def to_spec(initializer, dim: int, name: str = "", _depth: int = 0) -> dict:
 
 # Base classes of initializer objects: TFRA redraws these on every lookup (shape [n, dim]); only
 # those with a per-key form above are accepted. Any other callable is a plain function.
-_INITIALIZER_BASES = [keras.initializers.Initializer]
-_VARIANCE_SCALING = [keras.initializers.VarianceScaling, type(_V1.variance_scaling_initializer())]
-try:
-    from tensorflow.python.ops import init_ops as _init_ops_v1
-
-    _INITIALIZER_BASES.append(_init_ops_v1.Initializer)
-except ImportError:  # pragma: no cover
-    pass
-if _init_ops_v2 is not None:
-    _INITIALIZER_BASES.append(_init_ops_v2.Initializer)
-    _VARIANCE_SCALING.append(_init_ops_v2.VarianceScaling)
+# (TF1's classes are found through the objects tf.compat.v1 makes, as _ZEROS above.)
+_INITIALIZER_BASES = (keras.initializers.Initializer, type(_V1.zeros_initializer()).__base__) + (
+    (_init_ops_v2.Initializer,) if _init_ops_v2 is not None else ())
+_VARIANCE_SCALING = (keras.initializers.VarianceScaling,
+                     type(_V1.variance_scaling_initializer())) + (
+    (_init_ops_v2.VarianceScaling,) if _init_ops_v2 is not None else ())
 
 
 def _keras2_bases(initializer) -> set:
@@ -243,13 +238,14 @@ def _keras2_bases(initializer) -> set:
             if c.__module__.startswith(_KERAS_TWO_MODULES)}
 
 
-def _is_initializer_object(initializer) -> bool:
-    return (isinstance(initializer, tuple(_INITIALIZER_BASES))
+def is_initializer_object(initializer) -> bool:
+    """A Keras 3 / tf_keras / TF initializer object (as opposed to a plain function)."""
+    return (isinstance(initializer, _INITIALIZER_BASES)
             or "Initializer" in _keras2_bases(initializer))
 
 
 def _is_variance_scaling(initializer) -> bool:
-    return (isinstance(initializer, tuple(_VARIANCE_SCALING))
+    return (isinstance(initializer, _VARIANCE_SCALING)
             or "VarianceScaling" in _keras2_bases(initializer))
 
 
@@ -285,6 +281,8 @@ def _call_as_tfra(initializer):
         value = initializer(shape=[1])
     except Exception:  # noqa: BLE001 -- TFRA's rule: any failure means "call it without a shape"
         value = initializer()
+    if value is None:  # a function without a return: never "zeros" by accident
+        raise TypeError(f"callable initializer {initializer!r} returned None")
     if isinstance(value, (tf.Tensor, tf.Variable)):
         if not hasattr(value, "numpy"):
             raise TypeError("a callable initializer must return a concrete value when called "

@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from dualemb.core.spec import from_spec
 from dualemb.tf import creators as de_creators
+from dualemb.tf import initializers as de_inits
 from dualemb.tf import policies as de_policies
 from dualemb.tf import remote_shards
 from dualemb.tf.distribute import alltoall, replica_shards
@@ -184,6 +185,10 @@ class EmbeddingLogic:
             return list(initializer)
         if hasattr(initializer, "tolist"):
             return initializer.tolist()
+        if callable(initializer) and not de_inits.is_initializer_object(initializer):
+            # A plain function was called once, when the table was made (TFRA's rule): its
+            # result, the table's spec, is what the layer is rebuilt from.
+            return dict(self.params.initializer_spec)
         return self._keras.initializers.serialize(initializer)
 
     def _deserialize_initializer(self, config):
