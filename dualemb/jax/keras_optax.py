@@ -44,7 +44,7 @@ def keras_adam(learning_rate=0.001, beta_1: float = 0.9, beta_2: float = 0.999,
     fused multiply-add, which rounds once instead of twice. With ``exact=True`` (the default) the
     per-element arithmetic therefore runs on the host in numpy (``jax.pure_callback``, also
     under ``jit``), and a parameter trained with this and ``optax.apply_updates`` follows Keras'
-    float32 path bit for bit (tests/test_interop.py checks it over hundreds of steps). With
+    float32 path bit for bit (tests/interop/test_interop.py checks it over hundreds of steps). With
     ``exact=False`` it runs in XLA: faster on accelerators, equal to Keras within a few float32
     ulps per step. Note Keras' ``epsilon`` (1e-7, added to ``sqrt(v)`` without bias
     correction) differs from ``optax.adam``'s ``eps``.

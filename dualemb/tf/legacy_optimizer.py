@@ -15,7 +15,7 @@ TFRA also modifies the instance it wraps.
 
 The fused update is the same optimizer, with its hyper-parameters, its current learning rate and
 step, only where the core computes exactly what the wrapped optimizer computes on a dense
-variable holding the rows (checked by tests/test_tf_legacy_optimizers.py); any other optimizer or
+variable holding the rows (checked by tests/tf/test_tf_legacy_optimizers.py); any other optimizer or
 option raises ``TypeError`` / ``NotImplementedError`` when wrapped, naming what is supported:
 
 - tf_keras ``optimizers``: SGD (momentum, nesterov), Adam (amsgrad), AdamW, Adagrad, Adamax,

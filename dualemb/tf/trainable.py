@@ -46,7 +46,7 @@ class TrainableWrapper(keras.Variable):
         with tf.init_scope():
             # A TF tensor, not a numpy array: under MultiWorkerMirroredStrategy TF 2.21's
             # chief segfaults broadcasting the initial value of a zero-size variable made from
-            # numpy (tests/tf_distribute/zero_size_broadcast.py), not one made from tf.zeros.
+            # numpy (tests/tf/distribute/jobs/zero_size_broadcast.py), not one made from tf.zeros.
             super().__init__(initializer=tf.zeros((0, params.dim), tf.float32),
                              shape=(0, params.dim), dtype="float32",
                              trainable=bool(params.trainable), name=_variable_name(name))

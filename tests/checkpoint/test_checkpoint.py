@@ -13,6 +13,7 @@ import pytest
 from dualemb.core import Table, checkpoint
 from dualemb.core.checkpoint import CheckpointError
 from dualemb.core.checkpoint import _fs, _save
+from _paths import ROOT
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
@@ -339,7 +340,7 @@ def test_readable_with_safetensors_and_json_alone(ckdir):
 def test_the_specs_minimal_reader(ckdir):
     """The reader printed in docs/checkpoint_format.md §8 reads what save writes."""
     import re
-    doc = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "checkpoint_format.md")
+    doc = str(ROOT / "docs" / "checkpoint_format.md")
     if not os.path.exists(doc):
         pytest.skip("docs/checkpoint_format.md not found")
     code = re.findall(r"```python\n(.*?)```", open(doc, encoding="utf-8").read(), re.S)[0]
@@ -505,7 +506,7 @@ def shard_path(ckdir):
 
 def edit_manifest(ckdir, fn):
     """Edits manifest.json and re-seals its checksum file, so what is tested is the validation of
-    the edited content (tests/test_checkpoint_manifest.py tests the checksum)."""
+    the edited content (tests/checkpoint/test_checkpoint_manifest.py tests the checksum)."""
     p = os.path.join(ckdir, "manifest.json")
     with open(p) as f:
         m = json.load(f)

@@ -11,10 +11,11 @@ import pytest
 
 from dualemb.core import Table, checkpoint
 from dualemb.core.checkpoint import CheckpointError
+import _paths
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
-FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "legacy_v1")
+FIXTURES = str(_paths.FIXTURES / "legacy_v1")
 
 
 def snapshot(t):

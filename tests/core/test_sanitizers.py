@@ -4,11 +4,10 @@ and runs them: memory errors and undefined behaviour in the core fail this test.
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from _paths import ROOT
 
 
 @pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("g++") is None,

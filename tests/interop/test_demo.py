@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 from dualemb.core import checkpoint
+from _paths import ROOT
 
 TINY = ["--steps", "3", "--batch-size", "128", "--features", "3", "--dim", "4"]
 
 
 def _env():
     env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(ROOT)
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return env

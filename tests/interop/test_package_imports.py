@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from _paths import ROOT
 PACKAGE = ROOT / "dualemb"
 
 

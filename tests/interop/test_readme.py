@@ -6,9 +6,8 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _paths import ROOT
 FIXTURE = ROOT / "tests" / "fixtures" / "tfra" / "tf2_checkpoint"
 
 

@@ -1,6 +1,6 @@
 """A core table of another value dtype, reached from TensorFlow by id: read in its own dtype,
 and an op built for another dtype is refused (never a reinterpretation of its bytes). (JAX:
-tests/test_jax_value_dtypes.py.)"""
+tests/jax/test_jax_value_dtypes.py.)"""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""The value-dtype scenario of dualemb.jax, shared by tests/test_jax_value_dtypes.py (in process,
+"""The value-dtype scenario of dualemb.jax, shared by tests/jax/test_jax_value_dtypes.py (in process,
 FFI) and its subprocesses (the host-callback path): every non-training operation under jit on
 one table, checked against a dict of numpy rows after each step."""
 

@@ -1,4 +1,4 @@
-"""Helpers of the JAX scale-out tests: run workers (tests/jax_scale_worker.py) as subprocesses
+"""Helpers of the JAX scale-out tests: run workers (tests/jax/jax_scale_worker.py) as subprocesses
 with bounded time, every process killed by pid, and compare their table state."""
 
 from __future__ import annotations
@@ -10,9 +10,10 @@ import subprocess
 import sys
 
 import numpy as np
+import _paths
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(ROOT, "tests", "jax_scale_worker.py")
+ROOT = str(_paths.ROOT)
+WORKER = str(_paths.TESTS / "jax" / "jax_scale_worker.py")
 
 
 def free_port() -> int:

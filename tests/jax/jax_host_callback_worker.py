@@ -1,9 +1,9 @@
-"""Worker of tests/test_jax_host_callback.py: runs one fixed sequence of dualemb.jax operations
+"""Worker of tests/jax/test_jax_host_callback.py: runs one fixed sequence of dualemb.jax operations
 and saves every result to an .npz, so that a run on the FFI path and one on the host-callback
 path (``DUALEMB_JAX_HOST_CALLBACK=0`` / ``=1``, set by the caller before the import) can be
 compared bit for bit. Also records which lowering was chosen.
 
-Run as ``python tests/jax_host_callback_worker.py OUT.npz``.
+Run as ``python tests/jax/jax_host_callback_worker.py OUT.npz``.
 """
 
 from __future__ import annotations

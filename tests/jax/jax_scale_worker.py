@@ -1,8 +1,8 @@
-"""Worker of the JAX scale-out tests (tests/test_jax_sharded.py, tests/test_jax_multiprocess.py):
+"""Worker of the JAX scale-out tests (tests/jax/test_jax_sharded.py, tests/jax/test_jax_multiprocess.py):
 trains a small model (an embedding table summed per example, a fixed linear head, squared
 error) on deterministic global batches, and writes this process's table state to an .npz.
 
-Run as ``python tests/jax_scale_worker.py --out F [--processes P --process-id i --port N]
+Run as ``python tests/jax/jax_scale_worker.py --out F [--processes P --process-id i --port N]
 [--reference] ...``; XLA_FLAGS (the device count) must be set by the caller. A reference run
 (``--reference``) trains one single-device table on the same global batches. With
 ``--unique-per-device``, WORKER_DRAW=K draws batches with no id repeated within each K-th of

@@ -1,7 +1,7 @@
 """The host-callback lowering (platforms without the native FFI handler: GPU, TPU), forced on CPU
 with DUALEMB_JAX_HOST_CALLBACK=1 and compared with the FFI path bit for bit: the single-device
-API (tests/jax_host_callback_worker.py), the sharded path with 2 devices and with 2 processes
-(tests/jax_scale_worker.py --callback), and its errors. The variable is read when dualemb.jax is
+API (tests/jax/jax_host_callback_worker.py), the sharded path with 2 devices and with 2 processes
+(tests/jax/jax_scale_worker.py --callback), and its errors. The variable is read when dualemb.jax is
 imported, so every case runs in subprocesses."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 import _scale_util as U
 
-WORKER = os.path.join(U.ROOT, "tests", "jax_host_callback_worker.py")
+WORKER = os.path.join(os.path.dirname(U.WORKER), "jax_host_callback_worker.py")
 
 
 def env(callback: bool, devices: int = 1) -> dict:

@@ -111,7 +111,7 @@ def test_sharded_embed_trains_like_the_single_device_embed(tmp_path, ids):
     # partitions the dense part of the step over the 2 devices (the loss's batch mean is summed
     # per device, fusions differ), so float32 rounding differs; repeated ids' gradients are also
     # summed per device, then across devices. The embedding path alone is bit for bit
-    # (tests/test_jax_sharded.py).
+    # (tests/jax/test_jax_sharded.py).
     tol = dict(rtol=1e-5, atol=1e-6)
     for k in ("values", "slots"):
         np.testing.assert_allclose(s[f"got_{k}"], s[f"want_{k}"], err_msg=k, **tol)

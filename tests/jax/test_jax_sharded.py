@@ -3,7 +3,7 @@ table on the same global batches; an exchange over capacity fails naming the kno
 table under sharded inputs trains like the single-device one.
 
 The device count must be set before jax is imported, so each case runs in a subprocess
-(tests/jax_scale_worker.py, or a small script here)."""
+(tests/jax/jax_scale_worker.py, or a small script here)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """model.fit of a small tf_keras model with a dynamic embedding layer against the same model with a
 dense embedding over the keys' positions (the reference). Imported by
-tests/test_tf_keras2_layers.py, and run as a script under TF_USE_LEGACY_KERAS=1 by it (prints one
+tests/tf/test_tf_keras2_layers.py, and run as a script under TF_USE_LEGACY_KERAS=1 by it (prints one
 JSON line), so the environment variable never leaks into the test process."""
 
 import json

@@ -6,16 +6,13 @@ TF computes the deltas with its arithmetic for the dtype; numpy (and
 ml_dtypes for bfloat16) compute 16-bit float differences and sums the same way, in float32 then
 rounded."""
 
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import ml_dtypes
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import ml_dtypes  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import dualemb.tf as de  # noqa: E402
+import dualemb.tf as de
 
 DIM = 3
 _counter = [0]

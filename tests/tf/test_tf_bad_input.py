@@ -6,14 +6,12 @@ import subprocess
 import sys
 import textwrap
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import dualemb.tf as de  # noqa: E402
+import dualemb.tf as de
 
 _n = [0]
 

@@ -5,15 +5,12 @@ kept alive by the store, shared with the ``tf.function``s traced from that graph
 ``reuse=False`` honoured in a TF1 graph. Reference: a dict of the rows written."""
 
 import gc
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import dualemb.tf as de  # noqa: E402
+import dualemb.tf as de
 
 
 @pytest.fixture(autouse=True)

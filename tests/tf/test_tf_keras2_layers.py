@@ -72,7 +72,7 @@ IDS = np.array([[5, 9, 5, 2], [7, 2, 2, 11]], np.int64)
 def test_tf_keras_layers_give_what_the_keras_3_layers_give(kind, kwargs):
     """Same table rows (tf_keras' RandomNormal maps to the same per-key initializer as Keras 3's),
     same outputs: numpy pooling of the table rows is checked for the Keras 3 layers in
-    tests/test_tf_layers.py."""
+    tests/tf/test_tf_layers.py."""
     k2 = getattr(keras2, kind)(3, name=f"same_{kind}", **kwargs,
                                initializer=tf_keras.initializers.RandomNormal(0.1, 0.3, seed=5))
     k3 = getattr(de.keras.layers, kind)(3, name=f"same_{kind}", **kwargs,

@@ -4,16 +4,13 @@ ScopedRunnerHelpers) instead of the core's pool. Checked against numpy reference
 such ops running at once in one graph (they share the executor's threads), and the dims a kernel
 caches per table (dim, key dtype) staying right while the slot count changes."""
 
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from dualemb.core import Table  # noqa: E402
-from dualemb.tf import ops  # noqa: E402
+from dualemb.core import Table
+from dualemb.tf import ops
 
 DIM = 8
 N = 50_000  # well above the core's parallel threshold (2,048 keys)

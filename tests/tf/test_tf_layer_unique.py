@@ -8,21 +8,18 @@ unique pass; and both agree with a dense ``keras.layers.Embedding`` trained on i
 gradient by the same Keras optimizer, to float tolerance.
 """
 
-import os
 import types
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import dualemb.tf as de  # noqa: E402
-from dense_reference import dense_reference  # noqa: E402
-from dualemb.core import Table  # noqa: E402
-from dualemb.core.spec import from_spec, to_spec  # noqa: E402
-from dualemb.tf.keras.layers import embedding_logic  # noqa: E402
+import dualemb.tf as de
+from dense_reference import dense_reference
+from dualemb.core import Table
+from dualemb.core.spec import from_spec, to_spec
+from dualemb.tf.keras.layers import embedding_logic
 
 DIM = 4
 KEYS = np.array([3, 10, 42, 7, 2**40 + 5, -9], np.int64)

@@ -1,16 +1,13 @@
 """de.keras.layers: Embedding / BasicEmbedding, SquashedEmbedding, FieldWiseEmbedding, in eager
 mode, tf.function, GradientTape loops and model.fit / evaluate / predict."""
 
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import dualemb.tf as de  # noqa: E402
+import dualemb.tf as de
 
 _n = [0]
 

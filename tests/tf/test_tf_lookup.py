@@ -1,15 +1,12 @@
 """The lookup family against TensorFlow's own dense-table functions on the same rows."""
 
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import dualemb.tf as de  # noqa: E402
+import dualemb.tf as de
 
 DIM = 3
 KEYS = np.array([-5, 0, 3, 8, 2**33, 17], np.int64)

@@ -14,8 +14,9 @@ import pytest
 
 from dualemb.core import Table
 from dualemb.tf import migrate
+import _paths
 
-FIX = os.path.join(os.path.dirname(__file__), "fixtures", "tfra")
+FIX = str(_paths.FIXTURES / "tfra")
 
 
 def expected(fixture):

@@ -19,8 +19,9 @@ import pytest
 from dualemb.core import Table
 from dualemb.core import checkpoint as core_ckpt
 from dualemb.tf import migrate
+import _paths
 
-FIX = os.path.join(os.path.dirname(__file__), "fixtures", "tfra")
+FIX = str(_paths.FIXTURES / "tfra")
 STRVAL = "tf2_checkpoint_string_values"
 STRVAL_FS = "file_system_string_values"
 DTYPES = "tf2_checkpoint_dtypes"

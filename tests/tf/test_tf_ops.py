@@ -6,15 +6,13 @@ import subprocess
 import sys
 import textwrap
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-from dualemb._native import native_dir  # noqa: E402
-from dualemb.core import Table  # noqa: E402
-from dualemb.tf import _load, ops  # noqa: E402
+from dualemb._native import native_dir
+from dualemb.core import Table
+from dualemb.tf import _load, ops
 
 CONFIG = ('{"dim": 4, "key_dtype": "int64", "initializer": "normal", "mean": 0, "stddev": 0.1, '
           '"seed": 5}')

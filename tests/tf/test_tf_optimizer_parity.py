@@ -12,17 +12,14 @@ applies nonlinear optimizer math per occurrence (Adam's second moment gets the s
 per-occurrence gradients instead of the square of their sum); dualemb sums duplicates first.
 """
 
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import dualemb.tf as de  # noqa: E402
-from dense_reference import dense_reference  # noqa: E402
+import dualemb.tf as de
+from dense_reference import dense_reference
 
 DIM = 4
 KEYS = np.array([3, 10, 42, 7, 2**40 + 5, -9], np.int64)  # preloaded and in every batch

@@ -7,18 +7,15 @@ The mixed-precision references are Keras' own: the same model with a dense
 ``compile`` wraps in Keras' ``LossScaleOptimizer``.
 """
 
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import dualemb.tf as de  # noqa: E402
-from dense_reference import dense_reference  # noqa: E402
-from dualemb.core import checkpoint as core_ckpt  # noqa: E402
+import dualemb.tf as de
+from dense_reference import dense_reference
+from dualemb.core import checkpoint as core_ckpt
 
 DIM = 4
 WIDTH = 3

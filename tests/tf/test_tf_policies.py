@@ -1,16 +1,13 @@
 """Restrict policies' status (TFRA's restrict_policies semantics) and optimizer slot views,
 against independent dict / numpy references."""
 
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import dualemb.tf as de  # noqa: E402
+import dualemb.tf as de
 
 _counter = [0]
 

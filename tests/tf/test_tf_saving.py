@@ -18,6 +18,8 @@ from dualemb.tf import ops as de_ops
 from dualemb.tf import saving, variable_state
 from dualemb.tf.variable import Variable
 
+import _paths
+
 ADAM = ('{"name": "adam", "flavor": "keras", "beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-07, '
         '"amsgrad": false}')
 
@@ -526,7 +528,7 @@ def test_saved_model_of_variable_in_fresh_process(tmp_path):
     query = np.concatenate([keys, [1000, 1001]])  # two keys that were never trained
     np.save(tmp_path / "keys.npy", query)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + \
+    env["PYTHONPATH"] = str(_paths.ROOT) + \
         os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", _SERVE_VARIABLE, str(path),
                         str(tmp_path / "keys.npy"), str(tmp_path / "out.npz")],
@@ -565,7 +567,7 @@ def test_saved_model_tf1_loader_restores_rows(tmp_path):
     query = np.concatenate([keys, np.array([777_777], np.int64)])
     np.save(tmp_path / "keys.npy", query)
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + \
+    env["PYTHONPATH"] = str(_paths.ROOT) + \
         os.pathsep + env.get("PYTHONPATH", "")
     r = subprocess.run([sys.executable, "-c", _TF1_LOADER, str(tmp_path / "sm"),
                         str(tmp_path / "keys.npy"), str(tmp_path / "out.npy")],

@@ -26,8 +26,9 @@ from dualemb.core import Table
 from dualemb.core import checkpoint as core_ckpt
 from dualemb.tf import saving
 from dualemb.tf.trainable import is_trainable_wrapper
+import _paths
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(_paths.ROOT)
 LAYERS = {"Embedding": de.keras.layers.Embedding,
           "SquashedEmbedding": de.keras.layers.SquashedEmbedding}
 
@@ -96,7 +97,7 @@ def scramble(model):
         var.clear()
         var.upsert(tf.constant([987654321], tf.int64), tf.fill([1, var.dim], 3.0))
     for w in model.weights:
-        if not is_trainable_wrapper(w):  # anchors refuse plain values (tests/test_tf_keras_weights.py)
+        if not is_trainable_wrapper(w):  # anchors refuse plain values (tests/tf/test_tf_keras_weights.py)
             w.assign(tf.zeros_like(w))
     model.optimizer.iterations.assign(0)
 

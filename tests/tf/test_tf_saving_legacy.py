@@ -3,7 +3,6 @@ the old "config|optimizer" text) restores into today's de.Variable, rows, slots 
 intact."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -11,8 +10,9 @@ import tensorflow as tf
 
 from dualemb.core import Table
 from dualemb.tf.variable import Variable
+import _paths
 
-CKPT = os.path.join(os.path.dirname(__file__), "fixtures", "legacy_v1", "tf", "ckpt")
+CKPT = str(_paths.FIXTURES / "legacy_v1" / "tf" / "ckpt")
 
 
 def saved_tensors():

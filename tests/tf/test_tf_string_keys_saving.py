@@ -21,8 +21,9 @@ import tensorflow as tf
 import dualemb.tf as de
 from dualemb.core import Table
 from dualemb.core.checkpoint import CheckpointError
+import _paths
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(_paths.ROOT)
 VOCAB = [b"", b"a\x00", b"\x00b", "\u00e9".encode(), "\u65e5\u672c".encode(), b"\xff\xfe",
          b"url://x/" * 30] + [f"user{i}".encode() for i in range(40)]
 ABSENT = [b"never", b"a", b"a\x00\x00"]  # "a" and "a\0\0" differ from the key "a\0"

@@ -5,13 +5,11 @@ dict reference."""
 
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import dualemb.tf as de  # noqa: E402
+import dualemb.tf as de
 
 WEIRD = [b"", b"\x00", b"a\x00b", b"x\x00", b"\xff\xfe", "é日本".encode(), b"L" * 3000]
 DIM = 2

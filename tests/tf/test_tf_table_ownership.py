@@ -12,19 +12,18 @@ import os
 import subprocess
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import dualemb.tf as de
+from dualemb.core import Table
+from dualemb.tf import ops
+from dualemb.tf.shard import TableShard
+import _paths
 
-import dualemb.tf as de  # noqa: E402
-from dualemb.core import Table  # noqa: E402
-from dualemb.tf import ops  # noqa: E402
-from dualemb.tf.shard import TableShard  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(_paths.ROOT)
 
 
 def _env():

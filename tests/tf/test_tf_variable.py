@@ -5,18 +5,16 @@ import inspect
 import json
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
 
-import keras  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
-
-import dualemb.tf as de  # noqa: E402
-from dualemb.core import initializers as core_inits  # noqa: E402
-from dualemb.core import Table  # noqa: E402
-from dualemb.tf import initializers as de_inits  # noqa: E402
-from dualemb.tf import ops  # noqa: E402
+import dualemb.tf as de
+from dualemb.core import initializers as core_inits
+from dualemb.core import Table
+from dualemb.tf import initializers as de_inits
+from dualemb.tf import ops
 
 _counter = [0]
 
@@ -332,7 +330,7 @@ def test_hkv_creator_bounds_the_table():
     v.upsert(np.arange(20, dtype=np.int64), np.zeros((20, 2), np.float32))
     assert int(v.size()) <= 8
     assert isinstance(de.CuckooHashTableCreator(config=de.CuckooHashTableConfig()), de.KVCreator)
-    # Redis tables are real now (tests/test_redis_tf.py); without a config file: ValueError.
+    # Redis tables are real now (tests/redis/test_redis_tf.py); without a config file: ValueError.
     if "TFRA_REDIS_CONFIG_PATH" not in os.environ:
         with pytest.raises(ValueError, match="no Redis config file found"):
             _var(dim=2, kv_creator=de.RedisTableCreator())

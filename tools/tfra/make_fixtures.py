@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Writes small TFRA 0.8.1 checkpoints for dualemb's importer tests (tests/test_tf_migrate.py).
+"""Writes small TFRA 0.8.1 checkpoints for dualemb's importer tests (tests/tf/test_tf_migrate.py).
 
 Run it with a virtualenv that has the real TFRA (NOT part of the test run; CI never runs it):
 

@@ -1,7 +1,7 @@
 """The all-to-all embedding (``de.keras.layers.HvdAllToAllEmbedding``) under MirroredStrategy over
 2 logical CPUs and MultiWorkerMirroredStrategy with 2 worker processes on 127.0.0.1.
 
-Each run is a subprocess (``tests/tf_distribute/mirrored_job.py``; logical devices must be set
+Each run is a subprocess (``tests/tf/distribute/jobs/mirrored_job.py``; logical devices must be set
 before TF starts), bounded in time and killed by pid. The reference is the same job trained in a
 single process on the concatenated batch. Tolerance: the replicas' loss gradients are summed in a
 different order (dense gradients by the all-reduce, a key's row gradients by the owner's fused
@@ -22,7 +22,7 @@ import pytest
 from dualemb.core.routing import shard_of
 from dualemb.tf.distribute.local_cluster import free_ports
 
-JOB = os.path.join(os.path.dirname(__file__), "tf_distribute", "mirrored_job.py")
+JOB = os.path.join(os.path.dirname(__file__), "jobs", "mirrored_job.py")
 TIMEOUT = 150
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 ATOL = 1e-6
@@ -174,7 +174,7 @@ def test_bytes_per_lookup():
 
 
 # ---- Keras 3 model.fit ---------------------------------------------------------------------------
-FIT_JOB = os.path.join(os.path.dirname(__file__), "tf_distribute", "fit_job.py")
+FIT_JOB = os.path.join(os.path.dirname(__file__), "jobs", "fit_job.py")
 
 
 def run_fit(out, mode):

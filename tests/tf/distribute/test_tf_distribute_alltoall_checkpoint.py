@@ -5,7 +5,7 @@ MirroredStrategy job of 3 replicas, and into ``dualemb.jax``; a one-process chec
 format and ``tf.train.Checkpoint``) restores into the 2 workers, each keeping exactly its keys;
 ``tf.train.Checkpoint`` of the split job is refused.
 
-The jobs are subprocesses (``tests/tf_distribute/mirrored_job.py``), bounded in time and killed by
+The jobs are subprocesses (``tests/tf/distribute/jobs/mirrored_job.py``), bounded in time and killed by
 pid. The reference is what the saving job itself exported (numpy): a restore copies rows, slots
 and dense weights bit for bit, so every comparison is exact.
 """

@@ -1,6 +1,6 @@
 """tf_keras (Keras 2) ``model.fit`` under ParameterServerStrategy, on a real local cluster.
 
-The chief (tests/tf_distribute/keras2_fit_ps_job.py) and the PS/worker tasks
+The chief (tests/tf/distribute/jobs/keras2_fit_ps_job.py) and the PS/worker tasks
 (``python -m dualemb.tf.server``) run as subprocesses with ``TF_USE_LEGACY_KERAS=1``, so
 ``tf.keras`` and ``de.keras.layers`` are tf_keras there and never in this process; every process
 is bounded in time and killed by pid. The reference is the same tf_keras model fitted in one
@@ -24,7 +24,7 @@ pytest.importorskip("tf_keras", reason="tf_keras (Keras 2) is not installed")
 from dualemb.core.routing import shard_of  # noqa: E402
 from dualemb.tf.distribute.local_cluster import LocalCluster  # noqa: E402
 
-JOB = os.path.join(os.path.dirname(__file__), "tf_distribute", "keras2_fit_ps_job.py")
+JOB = os.path.join(os.path.dirname(__file__), "jobs", "keras2_fit_ps_job.py")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"}
 STEPS, LR = 12, 0.1
 

@@ -2,7 +2,7 @@
 
 Each test starts PS and worker tasks as ``python -m dualemb.tf.server`` subprocesses on free
 127.0.0.1 ports (``dualemb.tf.distribute.local_cluster``) and the chief as another subprocess
-(``tests/tf_distribute/ps_job.py``), all bounded in time and killed by pid when the test ends.
+(``tests/tf/distribute/jobs/ps_job.py``), all bounded in time and killed by pid when the test ends.
 The reference is the same job run single-process.
 """
 
@@ -20,7 +20,7 @@ import pytest
 from dualemb.core.routing import shard_of
 from dualemb.tf.distribute.local_cluster import LocalCluster
 
-JOB = os.path.join(os.path.dirname(__file__), "tf_distribute", "ps_job.py")
+JOB = os.path.join(os.path.dirname(__file__), "jobs", "ps_job.py")
 CHIEF_TIMEOUT = 240
 IDLE_TIMEOUT = 90  # the longest a test waits for one event of a cluster
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}

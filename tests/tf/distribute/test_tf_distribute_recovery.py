@@ -1,5 +1,5 @@
 """dualemb.tf.distribute.recovery against TF's own coordinator classes (no cluster: the real
-worker-kill case is tests/test_tf_distribute_ps.py::test_worker_killed_mid_training_loses_no_row).
+worker-kill case is tests/tf/distribute/test_tf_distribute_ps.py::test_worker_killed_mid_training_loses_no_row).
 """
 
 import threading

@@ -1,7 +1,7 @@
 """Keras 3 ``model.fit`` with the all-to-all embedding, in one process or under MirroredStrategy
 over 2 logical CPUs, on the same data.
 
-    python tests/tf_distribute/fit_job.py --mode single|mirrored --out f.npz
+    python tests/tf/distribute/jobs/fit_job.py --mode single|mirrored --out f.npz
 
 Keras splits each global batch of 16 between the replicas and sums their gradients; the result
 file holds each local shard's keys and rows and the dense kernel and bias.

@@ -1,9 +1,9 @@
 """tf_keras (Keras 2) ``model.fit`` of a model with a dynamic embedding, run single-process or as
-the chief of a ParameterServerStrategy cluster. tests/test_tf_distribute_keras2_fit.py runs it as
+the chief of a ParameterServerStrategy cluster. tests/tf/distribute/test_tf_distribute_keras2_fit.py runs it as
 a subprocess with ``TF_USE_LEGACY_KERAS=1`` (so ``tf.keras`` and ``de.keras.layers`` are tf_keras
 there, and the variable never reaches the test process).
 
-    python tests/tf_distribute/keras2_fit_ps_job.py --out result.npz [--cluster JSON]
+    python tests/tf/distribute/jobs/keras2_fit_ps_job.py --out result.npz [--cluster JSON]
         [--model dense|linear] [--optimizer adam|sgd] [--steps N] [--shards-per-ps K]
         [--same-batch] [--pause-step K --marker FILE]
 

@@ -1,7 +1,7 @@
 """A small all-to-all embedding job: single-process, MirroredStrategy over 2 logical CPUs, or one
 worker of a 2-worker MultiWorkerMirroredStrategy (TF_CONFIG set by the caller).
 
-    python tests/tf_distribute/mirrored_job.py --mode single|mirrored|multiworker --out f.npz
+    python tests/tf/distribute/jobs/mirrored_job.py --mode single|mirrored|multiworker --out f.npz
         [--cpus N] [--save DIR] [--restore DIR] [--tf-save PREFIX] [--tf-restore PREFIX]
 
 Every mode trains on the same global batches (replica r takes rows [r*B/N, (r+1)*B/N)); the loss

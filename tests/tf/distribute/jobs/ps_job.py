@@ -1,8 +1,8 @@
 """A small training job, run single-process or as the chief of a ParameterServerStrategy cluster
-(tests/test_tf_distribute_ps.py starts it as a subprocess so the test process's TF context is
+(tests/tf/distribute/test_tf_distribute_ps.py starts it as a subprocess so the test process's TF context is
 never connected to a cluster).
 
-    python tests/tf_distribute/ps_job.py --out result.npz [--cluster JSON] [--model dense|linear]
+    python tests/tf/distribute/jobs/ps_job.py --out result.npz [--cluster JSON] [--model dense|linear]
         [--optimizer adam|sgd] [--steps N] [--kill-worker-after K --marker FILE]
         [--save-dir DIR [--save-after K]] [--string-keys]
 
