@@ -93,6 +93,36 @@ std::vector<ConstantValue> Initializer::constant_values() const {
   return out;
 }
 
+kernels::InitKernel Initializer::kernel() const {
+  kernels::InitKernel k;
+  k.dim = dim_;
+  k.seed = seed_;
+  switch (kind_) {
+    case kZeros: k.kind = kernels::InitKernel::kZeros; break;
+    case kConstant:
+      k.kind = kernels::InitKernel::kConstant;
+      k.a = static_cast<float>(a_);
+      break;
+    case kVector:
+      k.kind = kernels::InitKernel::kVector;
+      k.vector = vector_.data();
+      break;
+    case kNormal:
+    case kTruncatedNormal:
+      k.kind = kind_ == kNormal ? kernels::InitKernel::kNormal
+                                : kernels::InitKernel::kTruncatedNormal;
+      k.a = static_cast<float>(a_);
+      k.b = static_cast<float>(b_);
+      break;
+    case kUniform:
+      k.kind = kernels::InitKernel::kUniform;
+      k.a = static_cast<float>(a_);
+      k.b = static_cast<float>(b_ - a_);
+      break;
+  }
+  return k;
+}
+
 void Initializer::fill(uint64_t key, float* row) const {
   const int64_t dim = dim_;
   switch (kind_) {
@@ -110,10 +140,7 @@ void Initializer::fill(uint64_t key, float* row) const {
     case kUniform: {
       const uint64_t s = key_stream(seed_, key);
       const float lo = static_cast<float>(a_), span = static_cast<float>(b_ - a_);
-      for (int64_t j = 0; j < dim; ++j) {
-        float u = unit_open(static_cast<uint32_t>(draw(s, j) >> 32));
-        row[j] = lo + span * u;
-      }
+      for (int64_t j = 0; j < dim; ++j) row[j] = kernels::uniform_value(s, j, lo, span);
       return;
     }
     case kNormal:
@@ -121,20 +148,10 @@ void Initializer::fill(uint64_t key, float* row) const {
                   dim);
       return;
     case kTruncatedNormal: {
-      // Keras' TruncatedNormal: draws beyond two standard deviations are redrawn. Redraws use
-      // further counters of the same stream, so the row stays a pure function of (seed, key).
       const uint64_t s = key_stream(seed_, key);
       const float mean = static_cast<float>(a_), sd = static_cast<float>(b_);
-      for (int64_t j = 0; j < dim; ++j) {
-        float z0 = 0.f, z1;
-        for (uint64_t attempt = 0; attempt < 1000; ++attempt) {
-          normal_pair_fast(draw(s, static_cast<uint64_t>(j) + attempt * static_cast<uint64_t>(dim)),
-                      &z0, &z1);
-          if (std::fabs(z0) <= 2.f) break;
-          if (std::fabs(z1) <= 2.f) { z0 = z1; break; }
-        }
-        row[j] = mean + sd * z0;
-      }
+      for (int64_t j = 0; j < dim; ++j)
+        row[j] = kernels::truncated_normal_value(s, j, dim, mean, sd);
       return;
     }
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "config.h"
+#include "init_math.h"
 #include "value_dtype.h"
 
 namespace dualemb {
@@ -32,6 +33,10 @@ class Initializer {
   bool is_constant() const { return kind_ == kZeros || kind_ == kConstant || kind_ == kVector; }
   // A constant kind's row (dim columns), each value as given (a JSON integer exactly).
   std::vector<ConstantValue> constant_values() const;
+  // The same initializer as plain data for kernels::initial_value() (init_math.h), which gives
+  // fill()'s values column by column (the GPU table's form). For kVector, `vector` points into
+  // this Initializer: valid while it lives (the GPU table copies it to the device).
+  kernels::InitKernel kernel() const;
 
  private:
   Kind kind_ = kZeros;

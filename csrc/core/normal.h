@@ -1,9 +1,7 @@
-// normal.h — fast, deterministic standard normals for initializers.
+// normal.h — fast, deterministic standard normals for initializers (CPU rows).
 //
-// Box-Muller with our own float32 log and sin/cos polynomials instead of libm: plain arithmetic
-// that gcc vectorizes, and that gives the same bits on every x86-64 machine (libm's results can
-// differ between versions; the core is built with -ffp-contract=off, so no FMA changes rounding).
-// Accuracy ~1e-7 relative, far below what initial values need; tails reach 6.66 sigma.
+// The math (Box-Muller over the core's own log and sin/cos polynomials) lives in init_math.h,
+// shared with the GPU table; this is the vectorized whole-row loop the CPU table runs.
 #ifndef DUALEMB_NORMAL_H_
 #define DUALEMB_NORMAL_H_
 
@@ -12,11 +10,9 @@
 namespace dualemb {
 
 // out[j] = mean + stddev * z_j for j < n, where (z_{2p}, z_{2p+1}) is the Box-Muller pair made
-// from draw(stream, p). Pure function of (stream, n).
+// from draw(stream, p) (kernels::normal_pair). Pure function of (stream, n); equal bit for bit
+// to kernels::initial_value() of a normal InitKernel, column by column.
 void fill_normal(uint64_t stream, float mean, float stddev, float* out, int64_t n);
-
-// The single pair from 64 random bits (used for redraws of the truncated normal).
-void normal_pair_fast(uint64_t bits, float* z0, float* z1);
 
 }  // namespace dualemb
 

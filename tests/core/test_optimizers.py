@@ -435,7 +435,7 @@ BAD_SPECS = [
     ({"name": "adam", "flavor": "keras", "b1": 0.9}, "b1"),  # optax name under keras
     ({"name": "adam", "flavor": "optax", "beta_1": 0.9}, "beta_1"),  # keras name under optax
     ('{"name": "rmsprop", "flavor": "keras", "decay": 0.9}', "decay"),
-    ({"name": "lion", "flavor": "keras", "weight_decay": 0.1}, "weight_decay"),
+    ({"name": "lion", "flavor": "keras", "weight_decay": -0.1}, "weight_decay"),
     ({"name": "sgd", "flavor": "optax", "bogus_hyper": 1}, "bogus_hyper"),
     ({"name": "adam", "flavor": "keras", "beta_1": 1.5}, "beta_1"),
     ({"name": "sgd", "flavor": "keras", "momentum": -0.1}, "momentum"),

@@ -27,12 +27,20 @@ class Adadelta final : public OptimizerBase {
     HyperParams hp(cfg, name, flavor);
     const bool keras = flavor == Flavor::kKeras;
     const double rho = hp.real("rho", keras ? 0.95 : 0.9, kUnit);
-    eps_ = static_cast<float>(hp.real(keras ? "epsilon" : "eps", keras ? 1e-7 : 1e-6,
-                                      kNonNegative));
-    wd_ = keras ? 0.f : static_cast<float>(hp.real("weight_decay", 0.0, kNonNegative));
+    const float eps = static_cast<float>(hp.real(keras ? "epsilon" : "eps", keras ? 1e-7 : 1e-6,
+                                                 kNonNegative));
+    // Keras' weight_decay is its generic decoupled decay; optax.adadelta's is added to g.
+    if (keras)
+      read_keras_weight_decay(cfg, hp);
+    else
+      wd_ = static_cast<float>(hp.real("weight_decay", 0.0, kNonNegative));
     set_spec(hp.finish());
-    rho_ = static_cast<float>(rho);
-    omr_ = static_cast<float>(1.0 - rho);
+    k_.kind = keras ? kernels::OptKind::kKerasAdadelta : kernels::OptKind::kOptaxAdadelta;
+    k_.rho = static_cast<float>(rho);
+    k_.omr = static_cast<float>(1.0 - rho);
+    k_.eps = eps;
+    k_.wd = wd_;
+    k_.decay = wd_ != 0.f;
     add_slot(keras ? "accumulated_grad" : "e_g", 0.f);
     add_slot(keras ? "accumulated_delta_var" : "e_x", 0.f);
   }
@@ -41,6 +49,7 @@ class Adadelta final : public OptimizerBase {
 
   void apply(float* row, float* slots, const float* grad, int64_t dim,
              const StepArgs& args) const override {
+    decay_row(row, dim, args.lr);
     if (flavor_ == Flavor::kKeras)
       keras(row, slots, slots + dim, grad, dim, args.lr);
     else if (wd_ != 0.f)
@@ -52,33 +61,19 @@ class Adadelta final : public OptimizerBase {
  private:
   void keras(float* __restrict w, float* __restrict ag, float* __restrict adv,
              const float* __restrict g, int64_t dim, float lr) const {
-    const float rho = rho_, omr = omr_, eps = eps_;
-    for (int64_t i = 0; i < dim; ++i) {
-      const float gi = g[i];
-      const float agi = rho * ag[i] + omr * (gi * gi);
-      ag[i] = agi;
-      const float d = -((std::sqrt(adv[i] + eps) * gi) / std::sqrt(agi + eps));
-      adv[i] = rho * adv[i] + omr * (d * d);
-      w[i] += lr * d;
-    }
+    const kernels::OptimizerKernel k = k_;
+    for (int64_t i = 0; i < dim; ++i) kernels::keras_adadelta(k, lr, w[i], ag[i], adv[i], g[i]);
   }
   template <bool kDecay>
   void optax(float* __restrict w, float* __restrict eg, float* __restrict ex,
              const float* __restrict g, int64_t dim, float nlr) const {
-    const float rho = rho_, omr = omr_, eps = eps_, wd = wd_;
-    for (int64_t i = 0; i < dim; ++i) {
-      float gi = g[i];
-      if (kDecay) gi = gi + wd * w[i];
-      const float egi = omr * (gi * gi) + rho * eg[i];
-      eg[i] = egi;
-      const float u = (std::sqrt(ex[i] + eps) / std::sqrt(egi + eps)) * gi;
-      ex[i] = omr * (u * u) + rho * ex[i];
-      w[i] += u * nlr;
-    }
+    const kernels::OptimizerKernel k = k_;
+    for (int64_t i = 0; i < dim; ++i)
+      kernels::optax_adadelta<kDecay>(k, nlr, w[i], eg[i], ex[i], g[i]);
   }
 
   Flavor flavor_;
-  float rho_, omr_, eps_, wd_;
+  float wd_ = 0.f;
 };
 
 }  // namespace

@@ -25,14 +25,19 @@ class Adagrad final : public OptimizerBase {
     const float init = static_cast<float>(hp.real("initial_accumulator_value", 0.1, kNonNegative));
     eps_ = static_cast<float>(hp.real(keras ? "epsilon" : "eps", 1e-7, kNonNegative));
     if (keras) eps_in_sqrt_ = hp.flag("epsilon_in_sqrt", true);
+    if (keras) read_keras_weight_decay(cfg, hp);
     set_spec(hp.finish());
     add_slot(keras ? "accumulator" : "sum_of_squares", init);
+    k_.kind = keras ? kernels::OptKind::kKerasAdagrad : kernels::OptKind::kOptaxAdagrad;
+    k_.eps = eps_;
+    k_.eps_in_sqrt = eps_in_sqrt_;
   }
 
   StepArgs prepare(float lr, int64_t step) const override { return start(lr, step); }
 
   void apply(float* row, float* slots, const float* grad, int64_t dim,
              const StepArgs& args) const override {
+    decay_row(row, dim, args.lr);
     if (flavor_ == Flavor::kKeras)
       eps_in_sqrt_ ? keras<true>(row, slots, grad, dim, args.lr, eps_)
                    : keras<false>(row, slots, grad, dim, args.lr, eps_);
@@ -44,20 +49,11 @@ class Adagrad final : public OptimizerBase {
   template <bool kEpsInSqrt>
   static void keras(float* __restrict w, float* __restrict a, const float* __restrict g,
                     int64_t dim, float lr, float eps) {
-    for (int64_t i = 0; i < dim; ++i) {
-      const float ai = a[i] + g[i] * g[i];
-      a[i] = ai;
-      w[i] -= (lr * g[i]) / (kEpsInSqrt ? std::sqrt(ai + eps) : std::sqrt(ai) + eps);
-    }
+    for (int64_t i = 0; i < dim; ++i) kernels::keras_adagrad<kEpsInSqrt>(eps, lr, w[i], a[i], g[i]);
   }
   static void optax(float* __restrict w, float* __restrict s, const float* __restrict g,
                     int64_t dim, float nlr, float eps) {
-    for (int64_t i = 0; i < dim; ++i) {
-      const float si = g[i] * g[i] + s[i];
-      s[i] = si;
-      const float inv = si > 0.f ? 1.f / std::sqrt(si + eps) : 0.f;
-      w[i] += (inv * g[i]) * nlr;
-    }
+    for (int64_t i = 0; i < dim; ++i) kernels::optax_adagrad(eps, nlr, w[i], s[i], g[i]);
   }
 
   Flavor flavor_;

@@ -2,7 +2,7 @@
 //
 // keras.optimizers.Adam(beta_1=0.9, beta_2=0.999, epsilon=1e-7, amsgrad=False), AdamW adds
 // weight_decay=0.004. Slots "momentum", "velocity" (+ "velocity_hat" with amsgrad):
-//   AdamW only, first:  w = w - (w*weight_decay)*lr
+//   AdamW (or Adam given weight_decay), first:  w = w - (w*weight_decay)*lr
 //   alpha = lr * sqrt(1 - beta_2^t) / (1 - beta_1^t)              (float32 scalars)
 //   m += (g - m)*(1 - beta_1);  v += (g*g - v)*(1 - beta_2)
 //   amsgrad: vh = max(vh, v), v := vh
@@ -34,7 +34,11 @@ class KerasAdam final : public OptimizerBase {
   KerasAdam(const Config& cfg, const std::string& name) {
     const bool adamw = name == "adamw";
     HyperParams hp(cfg, adamw ? "adamw" : "adam", Flavor::kKeras);
-    wd_ = adamw ? static_cast<float>(hp.real("weight_decay", 0.004, kNonNegative)) : 0.f;
+    // AdamW is Adam with Keras' generic weight decay, which AdamW defaults to 0.004.
+    if (adamw)
+      set_keras_weight_decay(static_cast<float>(hp.real("weight_decay", 0.004, kNonNegative)));
+    else
+      read_keras_weight_decay(cfg, hp);
     const double b1 = hp.real("beta_1", 0.9, kUnitOpenHigh);
     const double b2 = hp.real("beta_2", 0.999, kUnitOpenHigh);
     eps_ = static_cast<float>(hp.real("epsilon", 1e-7, kNonNegative));
@@ -43,9 +47,11 @@ class KerasAdam final : public OptimizerBase {
     set_spec(hp.finish());
     b1_ = static_cast<float>(b1);
     b2_ = static_cast<float>(b2);
-    omb1_ = static_cast<float>(1.0 - b1);  // Keras: `1 - self.beta_1` in Python, then cast
-    omb2_ = static_cast<float>(1.0 - b2);
-    decay_ = adamw;
+    k_.kind = kernels::OptKind::kKerasAdam;
+    k_.omb1 = static_cast<float>(1.0 - b1);  // Keras: `1 - self.beta_1` in Python, then cast
+    k_.omb2 = static_cast<float>(1.0 - b2);
+    k_.eps = eps_;
+    k_.amsgrad = amsgrad_;
     add_slot("momentum", 0.f);
     add_slot("velocity", 0.f);
     if (amsgrad_) add_slot("velocity_hat", 0.f);
@@ -64,43 +70,26 @@ class KerasAdam final : public OptimizerBase {
     float* m = slots;
     float* v = slots + dim;
     float* vh = slots + 2 * dim;
-    if (amsgrad_) {
-      if (decay_)
-        kernel<true, true>(row, m, v, vh, grad, dim, alpha, args.lr);
-      else
-        kernel<true, false>(row, m, v, vh, grad, dim, alpha, args.lr);
-    } else {
-      if (decay_)
-        kernel<false, true>(row, m, v, vh, grad, dim, alpha, args.lr);
-      else
-        kernel<false, false>(row, m, v, vh, grad, dim, alpha, args.lr);
-    }
+    decay_row(row, dim, args.lr);
+    if (amsgrad_)
+      kernel<true>(row, m, v, vh, grad, dim, alpha);
+    else
+      kernel<false>(row, m, v, vh, grad, dim, alpha);
   }
 
  private:
-  template <bool kAms, bool kDecay>
+  template <bool kAms>
   DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict m, float* __restrict v,
-              float* __restrict vh, const float* __restrict g, int64_t dim, float alpha,
-              float lr) const {
-    const float omb1 = omb1_, omb2 = omb2_, eps = eps_, wd = wd_;
-    for (int64_t i = 0; i < dim; ++i) {
-      float wi = w[i];
-      if (kDecay) wi = wi - (wi * wd) * lr;
-      const float gi = g[i];
-      const float mi = m[i] + (gi - m[i]) * omb1;
-      float vi = v[i] + (gi * gi - v[i]) * omb2;
-      m[i] = mi;
-      v[i] = vi;
-      if (kAms) {
-        vi = std::max(vh[i], vi);
-        vh[i] = vi;
-      }
-      w[i] = wi - (mi * alpha) / (std::sqrt(vi) + eps);
-    }
+                                  float* __restrict vh, const float* __restrict g, int64_t dim,
+                                  float alpha) const {
+    const kernels::OptimizerKernel k = k_;
+    float unused = 0.f;
+    for (int64_t i = 0; i < dim; ++i)
+      kernels::keras_adam<kAms>(k, alpha, w[i], m[i], v[i], kAms ? vh[i] : unused, g[i]);
   }
 
-  float b1_, b2_, omb1_, omb2_, eps_, wd_;
-  bool amsgrad_, decay_;
+  float b1_, b2_, eps_;
+  bool amsgrad_;
 };
 
 class OptaxAdam final : public OptimizerBase {
@@ -112,9 +101,9 @@ class OptaxAdam final : public OptimizerBase {
     HyperParams hp(cfg, (adamw || nadam) ? name : "adam", Flavor::kOptax);
     const double b1 = hp.real("b1", 0.9, kUnitOpenHigh);
     const double b2 = hp.real("b2", 0.999, kUnitOpenHigh);
-    eps_ = static_cast<float>(hp.real("eps", 1e-8, kNonNegative));
-    eps_root_ = static_cast<float>(hp.real("eps_root", 0.0, kNonNegative));
-    wd_ = adamw ? static_cast<float>(hp.real("weight_decay", 1e-4, kNonNegative)) : 0.f;
+    const float eps = static_cast<float>(hp.real("eps", 1e-8, kNonNegative));
+    const float eps_root = static_cast<float>(hp.real("eps_root", 0.0, kNonNegative));
+    const float wd = adamw ? static_cast<float>(hp.real("weight_decay", 1e-4, kNonNegative)) : 0.f;
     nesterov_ = nadam ? true : hp.flag("nesterov", false);
     amsgrad_ = false;
     bc_mu_ = bc_nu_ = true;
@@ -133,9 +122,18 @@ class OptaxAdam final : public OptimizerBase {
     set_spec(hp.finish());
     b1_ = static_cast<float>(b1);
     b2_ = static_cast<float>(b2);
-    omb1_ = static_cast<float>(1.0 - b1);  // Optax: `(1 - decay)` in Python, weakly typed
-    omb2_ = static_cast<float>(1.0 - b2);
-    decay_ = adamw && wd_ != 0.f;
+    decay_ = adamw && wd != 0.f;
+    k_.kind = kernels::OptKind::kOptaxAdam;
+    k_.b1 = b1_;
+    k_.b2 = b2_;
+    k_.omb1 = static_cast<float>(1.0 - b1);  // Optax: `(1 - decay)` in Python, weakly typed
+    k_.omb2 = static_cast<float>(1.0 - b2);
+    k_.eps = eps;
+    k_.eps_root = eps_root;
+    k_.wd = wd;
+    k_.nesterov = nesterov_;
+    k_.amsgrad = amsgrad_;
+    k_.decay = decay_;
     add_slot("mu", 0.f);
     add_slot("nu", 0.f);
     if (amsgrad_) add_slot("nu_max", 0.f);
@@ -152,8 +150,7 @@ class OptaxAdam final : public OptimizerBase {
 
   void apply(float* row, float* slots, const float* grad, int64_t dim,
              const StepArgs& args) const override {
-    Scalars s{static_cast<float>(args.c[0]), static_cast<float>(args.c[1]),
-              static_cast<float>(args.c[2]), -args.lr};
+    const kernels::StepScalars s = step_scalars(args);
     if (amsgrad_)
       kernel<false, true, false>(row, slots, grad, dim, s);
     else if (nesterov_)
@@ -165,38 +162,22 @@ class OptaxAdam final : public OptimizerBase {
   }
 
  private:
-  struct Scalars {
-    float inv_bc1, inv_bc2, inv_bc1_next, nlr;
-  };
-
   template <bool kNesterov, bool kAms, bool kDecay>
-  DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict slots, const float* __restrict g,
-              int64_t dim, const Scalars& s) const {
+  DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict slots,
+                                  const float* __restrict g, int64_t dim,
+                                  const kernels::StepScalars& scalars) const {
     float* __restrict mu = slots;
     float* __restrict nu = slots + dim;
     float* __restrict nm = slots + 2 * dim;
-    const float b1 = b1_, b2 = b2_, omb1 = omb1_, omb2 = omb2_, eps = eps_, eps_root = eps_root_;
-    const float wd = wd_, ibc1 = s.inv_bc1, ibc2 = s.inv_bc2, ibc1n = s.inv_bc1_next;
-    const float nlr = s.nlr;
-    for (int64_t i = 0; i < dim; ++i) {
-      const float gi = g[i];
-      const float mi = omb1 * gi + b1 * mu[i];
-      const float ni = omb2 * (gi * gi) + b2 * nu[i];
-      mu[i] = mi;
-      nu[i] = ni;
-      const float mh = kNesterov ? b1 * (mi * ibc1n) + omb1 * (gi * ibc1) : mi * ibc1;
-      float nh = ni * ibc2;
-      if (kAms) {
-        nh = std::max(nm[i], nh);
-        nm[i] = nh;
-      }
-      float u = mh / (std::sqrt(nh + eps_root) + eps);
-      if (kDecay) u = u + wd * w[i];
-      w[i] = w[i] + u * nlr;
-    }
+    const kernels::OptimizerKernel k = k_;
+    const kernels::StepScalars s = scalars;
+    float unused = 0.f;
+    for (int64_t i = 0; i < dim; ++i)
+      kernels::optax_adam<kNesterov, kAms, kDecay>(k, s, w[i], mu[i], nu[i],
+                                                   kAms ? nm[i] : unused, g[i]);
   }
 
-  float b1_, b2_, omb1_, omb2_, eps_, eps_root_, wd_;
+  float b1_, b2_;
   bool nesterov_, amsgrad_, bc_mu_, bc_nu_, decay_;
 };
 

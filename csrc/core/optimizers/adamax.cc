@@ -24,12 +24,16 @@ class Adamax final : public OptimizerBase {
     const bool keras = flavor == Flavor::kKeras;
     const double b1 = hp.real(keras ? "beta_1" : "b1", 0.9, kUnitOpenHigh);
     const double b2 = hp.real(keras ? "beta_2" : "b2", 0.999, kUnit);
-    eps_ = static_cast<float>(hp.real(keras ? "epsilon" : "eps", keras ? 1e-7 : 1e-8,
-                                      kNonNegative));
+    const float eps = static_cast<float>(hp.real(keras ? "epsilon" : "eps", keras ? 1e-7 : 1e-8,
+                                                 kNonNegative));
+    if (keras) read_keras_weight_decay(cfg, hp);
     set_spec(hp.finish());
     b1_ = static_cast<float>(b1);
-    b2_ = static_cast<float>(b2);
-    omb1_ = static_cast<float>(1.0 - b1);
+    k_.kind = keras ? kernels::OptKind::kKerasAdamax : kernels::OptKind::kOptaxAdamax;
+    k_.b1 = b1_;
+    k_.b2 = static_cast<float>(b2);
+    k_.omb1 = static_cast<float>(1.0 - b1);
+    k_.eps = eps;
     add_slot(keras ? "momentum" : "mu", 0.f);
     add_slot(keras ? "norm" : "nu", 0.f);
   }
@@ -44,6 +48,7 @@ class Adamax final : public OptimizerBase {
 
   void apply(float* row, float* slots, const float* grad, int64_t dim,
              const StepArgs& args) const override {
+    decay_row(row, dim, args.lr);
     if (flavor_ == Flavor::kKeras)
       keras(row, slots, slots + dim, grad, dim, args.lr, static_cast<float>(args.c[0]));
     else
@@ -53,31 +58,18 @@ class Adamax final : public OptimizerBase {
  private:
   void keras(float* __restrict w, float* __restrict m, float* __restrict u,
              const float* __restrict g, int64_t dim, float lr, float bc1) const {
-    const float omb1 = omb1_, b2 = b2_, eps = eps_;
-    for (int64_t i = 0; i < dim; ++i) {
-      const float gi = g[i];
-      const float mi = m[i] + (gi - m[i]) * omb1;
-      const float ui = std::max(b2 * u[i], std::fabs(gi));
-      m[i] = mi;
-      u[i] = ui;
-      w[i] -= (lr * mi) / (bc1 * (ui + eps));
-    }
+    const kernels::OptimizerKernel k = k_;
+    for (int64_t i = 0; i < dim; ++i) kernels::keras_adamax(k, lr, bc1, w[i], m[i], u[i], g[i]);
   }
   void optax(float* __restrict w, float* __restrict mu, float* __restrict nu,
              const float* __restrict g, int64_t dim, float nlr, float inv_bc1) const {
-    const float b1 = b1_, omb1 = omb1_, b2 = b2_, eps = eps_;
-    for (int64_t i = 0; i < dim; ++i) {
-      const float gi = g[i];
-      const float mi = omb1 * gi + b1 * mu[i];
-      const float ni = std::max(std::fabs(gi) + eps, b2 * nu[i]);
-      mu[i] = mi;
-      nu[i] = ni;
-      w[i] += ((mi * inv_bc1) / ni) * nlr;
-    }
+    const kernels::OptimizerKernel k = k_;
+    for (int64_t i = 0; i < dim; ++i)
+      kernels::optax_adamax(k, nlr, inv_bc1, w[i], mu[i], nu[i], g[i]);
   }
 
   Flavor flavor_;
-  float b1_, b2_, omb1_, eps_;
+  float b1_;
 };
 
 }  // namespace

@@ -11,6 +11,12 @@
 //  * Scalars depending on (lr, step) are computed once per batch in prepare(), into StepArgs::c.
 //    Powers beta^t are float32(beta) raised to float32(t), correctly rounded (the frameworks'
 //    own float32 pow is within one ulp of that).
+//  * The per-element math is in optimizer_math.h (DE_HD: the GPU table runs the same functions);
+//    each class here fills its kernels::OptimizerKernel and runs those functions in its loops.
+//  * flavor=keras: every optimizer takes Keras 3's generic decoupled `weight_decay`
+//    (BaseOptimizer._apply_weight_decay: w = w - (w*weight_decay)*lr, before the step), applied
+//    when the spec gives it (Keras applies it whenever it is not None); AdamW's defaults to 0.004.
+//    flavor=optax keeps Optax's own definitions (adamw, lion, adadelta take weight_decay).
 #ifndef DUALEMB_OPTIMIZERS_COMMON_H_
 #define DUALEMB_OPTIMIZERS_COMMON_H_
 
@@ -74,6 +80,11 @@ class HyperParams {
   std::set<std::string> known_;
 };
 
+// Keras' weight decay over a row (kernels::keras_weight_decay per element).
+inline void decay_loop(float* __restrict w, int64_t dim, float wd, float lr) {
+  for (int64_t i = 0; i < dim; ++i) w[i] = kernels::keras_weight_decay(w[i], wd, lr);
+}
+
 // The common parts of every optimizer: slot names and initial values, and the canonical spec.
 class OptimizerBase : public Optimizer {
  public:
@@ -81,6 +92,11 @@ class OptimizerBase : public Optimizer {
   std::vector<std::string> slot_names() const override { return slot_names_; }
   float slot_initial_value(int slot) const override;
   std::string spec() const override { return spec_; }
+  kernels::OptimizerKernel kernel() const override {
+    kernels::OptimizerKernel k = k_;
+    k.num_slots = num_slots();
+    return k;
+  }
 
  protected:
   void add_slot(const std::string& name, float initial) {
@@ -90,6 +106,23 @@ class OptimizerBase : public Optimizer {
   void set_spec(const std::string& spec) { spec_ = spec; }
   // Validates (lr, step) and fills the common fields of StepArgs.
   StepArgs start(float lr, int64_t step) const;
+  // Keras 3's decoupled weight decay, which every Keras optimizer takes (BaseOptimizer's
+  // weight_decay): read when the spec has "weight_decay" (then described too), else none.
+  // AdamW reads its own (default 0.004) and calls set_keras_weight_decay.
+  void read_keras_weight_decay(const Config& cfg, HyperParams& hp);
+  void set_keras_weight_decay(float wd) {
+    k_.keras_decay = true;
+    k_.keras_wd = wd;
+  }
+  // Applies that decay to a row before the update (w = w - (w * wd) * lr), when set: the same
+  // expression, per element, that kernels::apply_element applies first.
+  void decay_row(float* row, int64_t dim, float lr) const {
+    if (!k_.keras_decay) return;
+    decay_loop(row, dim, k_.keras_wd, lr);
+  }
+
+  // The optimizer as plain data; each constructor fills the members its kind reads.
+  kernels::OptimizerKernel k_;
 
  private:
   std::vector<std::string> slot_names_;
@@ -102,9 +135,6 @@ inline float pow_step(float base, int64_t step) {
   return static_cast<float>(
       std::pow(static_cast<double>(base), static_cast<double>(static_cast<float>(step))));
 }
-
-// Both frameworks' sign(): -1, 0 or +1 (vectorizes to compares and blends).
-inline float sign_f(float x) { return x > 0.f ? 1.f : (x < 0.f ? -1.f : 0.f); }
 
 using Factory = std::unique_ptr<Optimizer> (*)(const Config& cfg, const std::string& name,
                                                Flavor flavor);

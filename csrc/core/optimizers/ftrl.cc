@@ -33,11 +33,16 @@ class KerasFtrl final : public OptimizerBase {
     l2_ = static_cast<float>(hp.real("l2_regularization_strength", 0.0, kNonNegative));
     const double l2s = hp.real("l2_shrinkage_regularization_strength", 0.0, kNonNegative);
     beta_ = static_cast<float>(hp.real("beta", 0.0, kNonNegative));
+    read_keras_weight_decay(cfg, hp);
     set_spec(hp.finish());
     power_ = static_cast<float>(-lr_power);
-    two_l2s_ = static_cast<float>(2.0 * l2s);  // Keras: `2 * self.l2_shrinkage...` in Python
     add_slot("accumulator", init);
     add_slot("linear", 0.f);
+    k_.kind = kernels::OptKind::kKerasFtrl;
+    k_.power = power_;
+    k_.two_l2s = static_cast<float>(2.0 * l2s);  // Keras: `2 * self.l2_shrinkage...` in Python
+    k_.l1 = l1_;
+    k_.variant = power_ == 0.5f ? 1 : power_ == 0.f ? 0 : 2;
   }
 
   StepArgs prepare(float lr, int64_t step) const override {
@@ -53,42 +58,26 @@ class KerasFtrl final : public OptimizerBase {
   void apply(float* row, float* slots, const float* grad, int64_t dim,
              const StepArgs& args) const override {
     const float two_l2 = static_cast<float>(args.c[0]);
-    if (power_ == 0.5f)
+    decay_row(row, dim, args.lr);
+    if (k_.variant == 1)
       kernel<1>(row, slots, slots + dim, grad, dim, args.lr, two_l2);
-    else if (power_ == 0.f)
+    else if (k_.variant == 0)
       kernel<0>(row, slots, slots + dim, grad, dim, args.lr, two_l2);
     else
       kernel<2>(row, slots, slots + dim, grad, dim, args.lr, two_l2);
   }
 
  private:
-  // kPow: 0 -> x^0 = 1, 1 -> sqrt(x), 2 -> powf(x, p).
   template <int kPow>
-  static float power(float x, float p) {
-    if (kPow == 0) return 1.f;
-    if (kPow == 1) return std::sqrt(x);
-    return std::pow(x, p);
+  DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict acc,
+                                  float* __restrict lin, const float* __restrict g, int64_t dim,
+                                  float lr, float two_l2) const {
+    const kernels::OptimizerKernel k = k_;
+    for (int64_t i = 0; i < dim; ++i)
+      kernels::keras_ftrl<kPow>(k, lr, two_l2, w[i], acc[i], lin[i], g[i]);
   }
 
-  template <int kPow>
-  DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict acc, float* __restrict lin,
-              const float* __restrict g, int64_t dim, float lr, float two_l2) const {
-    const float p = power_, two_l2s = two_l2s_, l1 = l1_;
-    for (int64_t i = 0; i < dim; ++i) {
-      const float gi = g[i], wi = w[i], ai = acc[i];
-      const float g2 = gi + two_l2s * wi;
-      const float na = ai + gi * gi;
-      const float pn = power<kPow>(na, p);
-      const float li = lin[i] + (g2 - ((pn - power<kPow>(ai, p)) / lr) * wi);
-      lin[i] = li;
-      const float quadratic = pn / lr + two_l2;
-      const float clipped = std::min(std::max(li, -l1), l1);
-      w[i] = (clipped - li) / quadratic;
-      acc[i] = na;
-    }
-  }
-
-  float power_, l1_, l2_, two_l2s_, beta_;
+  float power_, l1_, l2_, beta_;
 };
 
 }  // namespace

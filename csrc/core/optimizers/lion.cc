@@ -5,7 +5,7 @@
 // optax.lion(lr, b1=0.9, b2=0.99, weight_decay=1e-3) — slot "mu":
 //   u = sign((1-b1)*g + b1*mu);  mu = (1-b2)*g + b2*mu;  u += weight_decay*w;  w += u*(-lr)
 // Note the different default: optax.lion decays weights (1e-3) by default, Keras Lion does not
-// (Keras' generic weight_decay is applied by the TF front end).
+// unless given Keras' generic weight_decay (w = w - (w*weight_decay)*lr before the step).
 #include <memory>
 #include <string>
 
@@ -24,16 +24,20 @@ class Lion final : public OptimizerBase {
         hp.real(keras ? "beta_1" : "b1", 0.9, keras ? Range{0.0, 1.0, true, false} : kUnit);
     const double b2 = hp.real(keras ? "beta_2" : "b2", 0.99, kUnit);
     wd_ = keras ? 0.f : static_cast<float>(hp.real("weight_decay", 1e-3, kNonNegative));
+    if (keras) read_keras_weight_decay(cfg, hp);
     set_spec(hp.finish());
-    b1_ = static_cast<float>(b1);
-    b2_ = static_cast<float>(b2);
+    k_.kind = keras ? kernels::OptKind::kKerasLion : kernels::OptKind::kOptaxLion;
+    k_.b1 = static_cast<float>(b1);
+    k_.b2 = static_cast<float>(b2);
     if (keras) {  // Keras: 1.0 - ops.cast(beta, float32)
-      omb1_ = 1.f - b1_;
-      omb2_ = 1.f - b2_;
+      k_.omb1 = 1.f - k_.b1;
+      k_.omb2 = 1.f - k_.b2;
     } else {  // Optax: (1.0 - b1) in Python
-      omb1_ = static_cast<float>(1.0 - b1);
-      omb2_ = static_cast<float>(1.0 - b2);
+      k_.omb1 = static_cast<float>(1.0 - b1);
+      k_.omb2 = static_cast<float>(1.0 - b2);
     }
+    k_.wd = wd_;
+    k_.decay = !keras && wd_ != 0.f;
     add_slot(keras ? "momentum" : "mu", 0.f);
   }
 
@@ -41,6 +45,7 @@ class Lion final : public OptimizerBase {
 
   void apply(float* row, float* slots, const float* grad, int64_t dim,
              const StepArgs& args) const override {
+    decay_row(row, dim, args.lr);
     if (flavor_ == Flavor::kKeras)
       keras(row, slots, grad, dim, args.lr);
     else if (wd_ != 0.f)
@@ -52,28 +57,18 @@ class Lion final : public OptimizerBase {
  private:
   void keras(float* __restrict w, float* __restrict m, const float* __restrict g, int64_t dim,
              float lr) const {
-    const float b1 = b1_, b2 = b2_, omb1 = omb1_, omb2 = omb2_;
-    for (int64_t i = 0; i < dim; ++i) {
-      const float gi = g[i], mi = m[i];
-      w[i] -= lr * sign_f(mi * b1 + gi * omb1);
-      m[i] = mi * b2 + gi * omb2;
-    }
+    const kernels::OptimizerKernel k = k_;
+    for (int64_t i = 0; i < dim; ++i) kernels::keras_lion(k, lr, w[i], m[i], g[i]);
   }
   template <bool kDecay>
   void optax(float* __restrict w, float* __restrict mu, const float* __restrict g, int64_t dim,
              float nlr) const {
-    const float b1 = b1_, b2 = b2_, omb1 = omb1_, omb2 = omb2_, wd = wd_;
-    for (int64_t i = 0; i < dim; ++i) {
-      const float gi = g[i], mi = mu[i];
-      float u = sign_f(omb1 * gi + b1 * mi);
-      mu[i] = omb2 * gi + b2 * mi;
-      if (kDecay) u = u + wd * w[i];
-      w[i] += u * nlr;
-    }
+    const kernels::OptimizerKernel k = k_;
+    for (int64_t i = 0; i < dim; ++i) kernels::optax_lion<kDecay>(k, nlr, w[i], mu[i], g[i]);
   }
 
   Flavor flavor_;
-  float b1_, b2_, omb1_, omb2_, wd_;
+  float wd_;
 };
 
 }  // namespace

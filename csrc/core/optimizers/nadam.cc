@@ -45,6 +45,7 @@ class KerasNadam final : public OptimizerBase {
     const double b2 = hp.real("beta_2", 0.999, kUnitOpenHigh);
     eps_ = static_cast<float>(hp.real("epsilon", 1e-7, kNonNegative));
     schedule_decay_ = static_cast<float>(hp.real("schedule_decay", 1.0, kNonNegative));
+    read_keras_weight_decay(cfg, hp);
     set_spec(hp.finish());
     b1_ = static_cast<float>(b1);
     b2_ = static_cast<float>(b2);
@@ -62,6 +63,10 @@ class KerasNadam final : public OptimizerBase {
     table_ = static_cast<int64_t>(u_product_.size()) - 1;
     add_slot("momentum", 0.f);
     add_slot("velocity", 0.f);
+    k_.kind = kernels::OptKind::kKerasNadam;
+    k_.omb1 = omb1_;
+    k_.omb2 = omb2_;
+    k_.eps = eps_;
   }
 
   StepArgs prepare(float lr, int64_t step) const override {
@@ -85,7 +90,8 @@ class KerasNadam final : public OptimizerBase {
 
   void apply(float* row, float* slots, const float* grad, int64_t dim,
              const StepArgs& args) const override {
-    kernel(row, slots, slots + dim, grad, dim, args);
+    decay_row(row, dim, args.lr);
+    kernel(row, slots, slots + dim, grad, dim, step_scalars(args));
   }
 
  private:
@@ -99,21 +105,11 @@ class KerasNadam final : public OptimizerBase {
   float momentum_factor(int64_t s) const { return b1_ * (1.f - 0.5f * schedule_power(s)); }
 
   DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict m, float* __restrict v,
-              const float* __restrict g, int64_t dim, const StepArgs& args) const {
-    const float u_t1 = static_cast<float>(args.c[0]), d1 = static_cast<float>(args.c[1]);
-    const float omu = static_cast<float>(args.c[2]), d0 = static_cast<float>(args.c[3]);
-    const float bc2 = static_cast<float>(args.c[4]);
-    const float omb1 = omb1_, omb2 = omb2_, eps = eps_, lr = args.lr;
-    for (int64_t i = 0; i < dim; ++i) {
-      const float gi = g[i];
-      const float mi = m[i] + (gi - m[i]) * omb1;
-      const float vi = v[i] + (gi * gi - v[i]) * omb2;
-      m[i] = mi;
-      v[i] = vi;
-      const float mh = (u_t1 * mi) / d1 + (omu * gi) / d0;
-      const float vh = vi / bc2;
-      w[i] -= (mh * lr) / (std::sqrt(vh) + eps);
-    }
+                                  const float* __restrict g, int64_t dim,
+                                  const kernels::StepScalars& scalars) const {
+    const kernels::OptimizerKernel k = k_;
+    const kernels::StepScalars s = scalars;
+    for (int64_t i = 0; i < dim; ++i) kernels::keras_nadam(k, s, w[i], m[i], v[i], g[i]);
   }
 
   float b1_, b2_, omb1_, omb2_, eps_, schedule_decay_;

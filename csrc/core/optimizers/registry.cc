@@ -78,6 +78,11 @@ StepArgs OptimizerBase::start(float lr, int64_t step) const {
   return a;
 }
 
+void OptimizerBase::read_keras_weight_decay(const Config& cfg, HyperParams& hp) {
+  if (!cfg.has("weight_decay")) return;
+  set_keras_weight_decay(static_cast<float>(hp.real("weight_decay", 0.0, kNonNegative)));
+}
+
 namespace {
 
 struct Entry {

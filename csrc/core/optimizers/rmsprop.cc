@@ -40,12 +40,19 @@ class KerasRmsprop final : public OptimizerBase {
     eps_ = static_cast<float>(hp.real("epsilon", 1e-7, kNonNegative));
     centered_ = hp.flag("centered", false);
     eps_in_sqrt_ = hp.flag("epsilon_in_sqrt", true);
+    read_keras_weight_decay(cfg, hp);
     set_spec(hp.finish());
-    rho_ = static_cast<float>(rho);
-    omr_ = static_cast<float>(1.0 - rho);
     add_slot("velocity", 0.f);
     if (momentum_ > 0.f) add_slot("momentum", 0.f);
     if (centered_) add_slot("average_gradient", 0.f);
+    k_.kind = kernels::OptKind::kKerasRmsprop;
+    k_.rho = static_cast<float>(rho);
+    k_.omr = static_cast<float>(1.0 - rho);
+    k_.eps = eps_;
+    k_.momentum_value = momentum_;
+    k_.momentum = momentum_ > 0.f;
+    k_.centered = centered_;
+    k_.eps_in_sqrt = eps_in_sqrt_;
   }
 
   StepArgs prepare(float lr, int64_t step) const override { return start(lr, step); }
@@ -56,6 +63,7 @@ class KerasRmsprop final : public OptimizerBase {
     float* v = slots;
     float* mo = slots + dim;
     float* a = slots + (mom ? 2 : 1) * dim;
+    decay_row(row, dim, args.lr);
     if (eps_in_sqrt_)
       dispatch<true>(row, v, mo, a, grad, dim, args.lr, mom);
     else
@@ -76,32 +84,16 @@ class KerasRmsprop final : public OptimizerBase {
 
   template <bool kCentered, bool kMomentum, bool kEpsInSqrt>
   DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict v, float* __restrict mo,
-              float* __restrict a, const float* __restrict g, int64_t dim, float lr) const {
-    const float rho = rho_, omr = omr_, eps = eps_, momentum = momentum_;
-    for (int64_t i = 0; i < dim; ++i) {
-      const float gi = g[i];
-      const float vi = rho * v[i] + omr * (gi * gi);
-      v[i] = vi;
-      float den;
-      if (kCentered) {
-        const float ai = rho * a[i] + omr * gi;
-        a[i] = ai;
-        den = kEpsInSqrt ? (vi - ai * ai) + eps : vi - ai * ai;
-      } else {
-        den = kEpsInSqrt ? vi + eps : vi;
-      }
-      const float inc = (lr * gi) / (kEpsInSqrt ? std::sqrt(den) : std::sqrt(den) + eps);
-      if (kMomentum) {
-        const float m = momentum * mo[i] + inc;
-        mo[i] = m;
-        w[i] -= m;
-      } else {
-        w[i] -= inc;
-      }
-    }
+                                  float* __restrict a, const float* __restrict g, int64_t dim,
+                                  float lr) const {
+    const kernels::OptimizerKernel k = k_;
+    float unused_mo = 0.f, unused_a = 0.f;
+    for (int64_t i = 0; i < dim; ++i)
+      kernels::keras_rmsprop<kCentered, kMomentum, kEpsInSqrt>(
+          k, lr, w[i], v[i], kMomentum ? mo[i] : unused_mo, kCentered ? a[i] : unused_a, g[i]);
   }
 
-  float rho_, omr_, momentum_, eps_;
+  float momentum_, eps_;
   bool centered_, eps_in_sqrt_;
 };
 
@@ -120,10 +112,17 @@ class OptaxRmsprop final : public OptimizerBase {
     set_spec(hp.finish());
     if (bias_correction_ && decay == 1.0) hp.fail("bias_correction=true needs decay < 1");
     decay_ = static_cast<float>(decay);
-    omd_ = static_cast<float>(1.0 - decay);
     if (centered_) add_slot("mu", 0.f);
     add_slot("nu", initial_scale);
     if (momentum_ != 0.f) add_slot("trace", 0.f);
+    k_.kind = kernels::OptKind::kOptaxRmsprop;
+    k_.rho = decay_;
+    k_.omr = static_cast<float>(1.0 - decay);
+    k_.eps = eps_;
+    k_.momentum_value = momentum_;
+    k_.centered = centered_;
+    k_.eps_in_sqrt = eps_in_sqrt_;
+    k_.variant = momentum_ == 0.f ? 0 : nesterov_ ? 2 : 1;
   }
 
   StepArgs prepare(float lr, int64_t step) const override {
@@ -163,32 +162,17 @@ class OptaxRmsprop final : public OptimizerBase {
   // kTrace: 0 no momentum, 1 momentum, 2 Nesterov momentum.
   template <bool kCentered, bool kEpsInSqrt, int kTrace>
   DUALEMB_SIMD_CLONES void kernel(float* __restrict w, float* __restrict mu, float* __restrict nu,
-              float* __restrict tr, const float* __restrict g, int64_t dim, float nlr,
-              float ibc) const {
-    const float decay = decay_, omd = omd_, eps = eps_, momentum = momentum_;
-    for (int64_t i = 0; i < dim; ++i) {
-      const float gi = g[i];
-      const float ni = omd * (gi * gi) + decay * nu[i];
-      nu[i] = ni;
-      float var = ni * ibc;
-      if (kCentered) {
-        const float mi = omd * gi + decay * mu[i];
-        mu[i] = mi;
-        const float mh = mi * ibc;
-        var = var - mh * mh;
-      }
-      const float s = kEpsInSqrt ? 1.f / std::sqrt(var + eps) : 1.f / (std::sqrt(var) + eps);
-      float u = (s * gi) * nlr;
-      if (kTrace != 0) {
-        const float t = u + momentum * tr[i];
-        tr[i] = t;
-        u = kTrace == 2 ? u + momentum * t : t;
-      }
-      w[i] += u;
-    }
+                                  float* __restrict tr, const float* __restrict g, int64_t dim,
+                                  float nlr, float ibc) const {
+    const kernels::OptimizerKernel k = k_;
+    float unused_mu = 0.f, unused_tr = 0.f;
+    for (int64_t i = 0; i < dim; ++i)
+      kernels::optax_rmsprop<kCentered, kEpsInSqrt, kTrace>(
+          k, nlr, ibc, w[i], kCentered ? mu[i] : unused_mu, nu[i],
+          kTrace != 0 ? tr[i] : unused_tr, g[i]);
   }
 
-  float decay_, omd_, eps_, momentum_;
+  float decay_, eps_, momentum_;
   bool eps_in_sqrt_, centered_, nesterov_, bias_correction_;
 };
 

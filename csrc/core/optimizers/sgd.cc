@@ -6,7 +6,7 @@
 // optax.sgd(lr, momentum, nesterov) = chain(trace(momentum, nesterov), scale(-lr)), slot "trace":
 //   t = g + momentum*t;  u = nesterov ? g + momentum*t : t;  w += u*(-lr)
 // The two differ when lr changes between steps: Keras folds lr into the momentum buffer, Optax
-// scales the trace afterwards. Optax momentum=None is momentum=0 here (no slot; the update is the
+// scales the trace afterwards. The per-element math is in optimizer_math.h. Optax momentum=None is momentum=0 here (no slot; the update is the
 // same as optax.sgd(momentum=0.0)).
 #include <memory>
 #include <string>
@@ -23,14 +23,20 @@ class Sgd final : public OptimizerBase {
     HyperParams hp(cfg, name, flavor);
     momentum_ = static_cast<float>(hp.real("momentum", 0.0, kUnit));
     nesterov_ = hp.flag("nesterov", false);
+    if (flavor == Flavor::kKeras) read_keras_weight_decay(cfg, hp);
     set_spec(hp.finish());
     if (momentum_ != 0.f) add_slot(flavor == Flavor::kKeras ? "momentum" : "trace", 0.f);
+    k_.kind = flavor == Flavor::kKeras ? kernels::OptKind::kKerasSgd : kernels::OptKind::kOptaxSgd;
+    k_.momentum = momentum_ != 0.f;
+    k_.nesterov = nesterov_;
+    k_.momentum_value = momentum_;
   }
 
   StepArgs prepare(float lr, int64_t step) const override { return start(lr, step); }
 
   void apply(float* row, float* slots, const float* grad, int64_t dim,
              const StepArgs& args) const override {
+    decay_row(row, dim, args.lr);
     if (momentum_ == 0.f) {
       if (flavor_ == Flavor::kKeras)
         plain_keras(row, grad, dim, args.lr);
@@ -51,33 +57,21 @@ class Sgd final : public OptimizerBase {
 
  private:
   static void plain_keras(float* __restrict w, const float* __restrict g, int64_t dim, float lr) {
-    for (int64_t i = 0; i < dim; ++i) w[i] -= g[i] * lr;
+    for (int64_t i = 0; i < dim; ++i) kernels::keras_sgd(lr, w[i], g[i]);
   }
   static void plain_optax(float* __restrict w, const float* __restrict g, int64_t dim,
                           float nlr) {
-    for (int64_t i = 0; i < dim; ++i) w[i] += g[i] * nlr;
+    for (int64_t i = 0; i < dim; ++i) kernels::optax_sgd(nlr, w[i], g[i]);
   }
   template <bool kNesterov>
   static void momentum_keras(float* __restrict w, float* __restrict m, const float* __restrict g,
                              int64_t dim, float lr, float mom) {
-    for (int64_t i = 0; i < dim; ++i) {
-      const float mi = m[i] * mom - g[i] * lr;
-      m[i] = mi;
-      if (kNesterov)
-        w[i] += mi * mom - g[i] * lr;
-      else
-        w[i] += mi;
-    }
+    for (int64_t i = 0; i < dim; ++i) kernels::keras_sgd_momentum<kNesterov>(mom, lr, w[i], m[i], g[i]);
   }
   template <bool kNesterov>
   static void momentum_optax(float* __restrict w, float* __restrict t, const float* __restrict g,
                              int64_t dim, float nlr, float mom) {
-    for (int64_t i = 0; i < dim; ++i) {
-      const float ti = g[i] + mom * t[i];
-      t[i] = ti;
-      const float u = kNesterov ? g[i] + mom * ti : ti;
-      w[i] += u * nlr;
-    }
+    for (int64_t i = 0; i < dim; ++i) kernels::optax_sgd_momentum<kNesterov>(mom, nlr, w[i], t[i], g[i]);
   }
 
   Flavor flavor_;

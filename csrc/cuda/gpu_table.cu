@@ -1,0 +1,622 @@
+// gpu_table.cu — GpuTable (gpu_table.h): kernels and the host-side orchestration of each op.
+//
+// Every write follows one pattern, so that a failure leaves the table unchanged:
+//   1. dedup: positions stably sorted by key (cub radix sort), segment heads selected;
+//   2. locate the distinct keys, count the missing ones, and make room (a rehash allocates the
+//      whole new layout before touching the old one); every scratch buffer is allocated here;
+//   3. only then the kernels that write: claim slots for missing keys, fill rows and metadata.
+#include "gpu_table.h"
+
+#include <cub/cub.cuh>
+#include <thrust/iterator/counting_iterator.h>
+
+#include <algorithm>
+
+#include <stdexcept>
+#include <string>
+
+#include "bucket_math.h"
+#include "config.h"
+#include "initializer.h"
+
+namespace dualemb {
+namespace gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+void check(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return;
+  cudaGetLastError();  // clear a non-sticky error so the next call starts clean
+  if (e == cudaErrorMemoryAllocation)
+    throw std::runtime_error(std::string("GPU table: out of GPU memory (") + what +
+                             "); the table is unchanged");
+  throw std::runtime_error(std::string("GPU table: CUDA error in ") + what + ": " +
+                           cudaGetErrorString(e));
+}
+
+int blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 32 ? 65535 * 32 : b));
+}
+
+// A stream-ordered device buffer; allocation failure throws before anything is written.
+template <class T>
+class Buffer {
+ public:
+  Buffer(int64_t count, cudaStream_t stream, const char* what) : stream_(stream) {
+    if (count <= 0) return;
+    check(cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(T) * count, stream), what);
+  }
+  ~Buffer() {
+    if (p_) cudaFreeAsync(p_, stream_);
+  }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  T* get() const { return p_; }
+
+ private:
+  T* p_ = nullptr;
+  cudaStream_t stream_;
+};
+
+__global__ void iota_kernel(int64_t* out, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = i;
+}
+
+__global__ void head_flags_kernel(const int64_t* sorted, int64_t n, uint8_t* flags) {
+  for (int64_t q = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q < n;
+       q += int64_t(gridDim.x) * blockDim.x)
+    flags[q] = starts_segment(sorted, q) ? 1 : 0;
+}
+
+__global__ void locate_kernel(const int64_t* keys, const int32_t* occ, uint64_t buckets,
+                              const int64_t* query, int64_t n, int64_t* slot) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    slot[i] = probe_find(keys, occ, buckets, query[i]);
+}
+
+// Distinct key u of the sorted batch: sorted[heads[u]].
+__global__ void unique_keys_kernel(const int64_t* sorted, const int64_t* heads, int64_t u_count,
+                                   int64_t* out) {
+  for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < u_count;
+       u += int64_t(gridDim.x) * blockDim.x)
+    out[u] = sorted[heads[u]];
+}
+
+__global__ void count_missing_kernel(const int64_t* slot, int64_t n, unsigned long long* count) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    if (slot[i] < 0) atomicAdd(count, 1ull);  // an integer count: order does not matter
+}
+
+// Claims a slot for each missing distinct key (slot[u] < 0), in probe order, and writes its key,
+// initial row, initial slots and metadata. Distinct keys only, so no two threads insert one key.
+__global__ void insert_kernel(int64_t* keys, int32_t* occ, float* rows, int64_t* last_update,
+                              int64_t* count, uint64_t buckets, int64_t width, int64_t dim,
+                              const int64_t* ukeys, int64_t u_count, int64_t* slot,
+                              kernels::InitKernel init, const float* slot_init, int num_slots,
+                              int64_t stamp, unsigned long long* failed) {
+  for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < u_count;
+       u += int64_t(gridDim.x) * blockDim.x) {
+    if (slot[u] >= 0) continue;
+    const int64_t key = ukeys[u];
+    uint64_t b = home_bucket(key, buckets);
+    int64_t got = -1;
+    for (uint64_t visited = 0; visited < buckets && got < 0; ++visited) {
+      const int64_t base = static_cast<int64_t>(b) * kBucketSlots;
+      for (int i = 0; i < kBucketSlots && got < 0; ++i) {
+        if (atomicCAS(&occ[base + i], kEmpty, kBusy) == kEmpty ||
+            atomicCAS(&occ[base + i], kTombstone, kBusy) == kTombstone)
+          got = base + i;
+      }
+      b = (b + 1) & (buckets - 1);
+    }
+    if (got < 0) {  // cannot happen after reserve_for; reported rather than ignored
+      atomicAdd(failed, 1ull);
+      continue;
+    }
+    keys[got] = key;
+    float* row = rows + got * width;
+    for (int64_t j = 0; j < dim; ++j)
+      row[j] = kernels::initial_value(init, static_cast<uint64_t>(key), j);
+    for (int s = 0; s < num_slots; ++s)
+      for (int64_t j = 0; j < dim; ++j) row[dim * (1 + s) + j] = slot_init[s];
+    last_update[got] = stamp;
+    count[got] = 0;
+    __threadfence();
+    occ[got] = kFull;
+    slot[u] = got;
+  }
+}
+
+// values[i] = the row of slot[i], or key i's initial row; exists[i] = slot[i] >= 0.
+__global__ void gather_kernel(const float* rows, int64_t width, int64_t dim, const int64_t* slot,
+                              const int64_t* query, int64_t n, kernels::InitKernel init,
+                              float* values, uint8_t* exists) {
+  const int64_t total = n * dim;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e / dim, j = e % dim;
+    const int64_t s = slot[i];
+    values[e] = s >= 0 ? rows[s * width + j]
+                       : kernels::initial_value(init, static_cast<uint64_t>(query[i]), j);
+    if (exists && j == 0) exists[i] = s >= 0 ? 1 : 0;
+  }
+}
+
+// find_or_insert's rows: exists[i] says whether the key was there before this call.
+__global__ void gather_after_insert_kernel(const float* rows, int64_t width, int64_t dim,
+                                           const int64_t* before, const int64_t* after, int64_t n,
+                                           float* values, uint8_t* exists) {
+  const int64_t total = n * dim;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e / dim, j = e % dim;
+    values[e] = rows[after[i] * width + j];
+    if (exists && j == 0) exists[i] = before[i] >= 0 ? 1 : 0;
+  }
+}
+
+__device__ inline int64_t segment_end(const int64_t* heads, int64_t u, int64_t u_count,
+                                      int64_t n) {
+  return u + 1 < u_count ? heads[u + 1] : n;
+}
+
+__device__ inline void bump(int64_t* c, int64_t by) {
+  const int64_t v = *c + by;
+  *c = v > 0xffffffffll ? 0xffffffffll : v;  // the CPU's uint32 count saturates
+}
+
+// insert_or_assign: the last occurrence of each key wins; the count grows by its occurrences.
+__global__ void assign_kernel(float* rows, int64_t* last_update, int64_t* count, int64_t width,
+                              int64_t dim, const int64_t* slot, const int64_t* heads,
+                              const int64_t* order, int64_t u_count, int64_t n,
+                              const float* values, int64_t stamp) {
+  const int64_t total = u_count * dim;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t u = e / dim, j = e % dim;
+    const int64_t end = segment_end(heads, u, u_count, n);
+    rows[slot[u] * width + j] = values[order[end - 1] * dim + j];
+    if (j == 0) {
+      last_update[slot[u]] = stamp;
+      bump(&count[slot[u]], end - heads[u]);
+    }
+  }
+}
+
+// apply_gradients, part 1: the summed gradient of each distinct key, in batch order.
+__global__ void segment_sum_kernel(const int64_t* heads, const int64_t* order, int64_t u_count,
+                                   int64_t n, const float* grads, int64_t dim, float* summed) {
+  const int64_t total = u_count * dim;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t u = e / dim, j = e % dim;
+    summed[e] = segment_sum(order, heads[u], segment_end(heads, u, u_count, n), grads, dim, j);
+  }
+}
+
+// apply_gradients, part 2: the optimizer step of each element (optimizer_math.h).
+__global__ void apply_kernel(float* rows, int64_t* last_update, int64_t* count, int64_t width,
+                             int64_t dim, const int64_t* slot, int64_t u_count,
+                             const float* summed, kernels::OptimizerKernel k,
+                             kernels::StepScalars s, int64_t stamp) {
+  const int64_t total = u_count * dim;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t u = e / dim, j = e % dim;
+    float* row = rows + slot[u] * width;
+    kernels::apply_element(k, s, row, row + dim, summed + u * dim, dim, j);
+    if (j == 0) {
+      last_update[slot[u]] = stamp;
+      bump(&count[slot[u]], 1);
+    }
+  }
+}
+
+__global__ void erase_kernel(int32_t* occ, const int64_t* slot, int64_t n,
+                             unsigned long long* erased) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    if (slot[i] >= 0 && atomicCAS(&occ[slot[i]], kFull, kTombstone) == kFull)
+      atomicAdd(erased, 1ull);  // duplicates of a key erase it once
+}
+
+__global__ void full_flags_kernel(const int32_t* occ, int64_t cap, uint8_t* flags) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < cap;
+       i += int64_t(gridDim.x) * blockDim.x)
+    flags[i] = occ[i] == kFull ? 1 : 0;
+}
+
+__global__ void export_kernel(const int64_t* keys, const float* rows, const int64_t* lu,
+                              const int64_t* cnt, int64_t width, int64_t dim, int num_slots,
+                              const int64_t* slots_in_order, int64_t m, int64_t* out_keys,
+                              float* out_values, float* out_slots, int64_t* out_lu,
+                              int64_t* out_cnt) {
+  const int64_t total = m * width;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = e / width, c = e % width;
+    const int64_t s = slots_in_order[r];
+    const float v = rows[s * width + c];
+    if (c < dim) out_values[r * dim + c] = v;
+    else if (out_slots) out_slots[r * (width - dim) + (c - dim)] = v;
+    if (c == 0) {
+      out_keys[r] = keys[s];
+      if (out_lu) out_lu[r] = lu[s];
+      if (out_cnt) out_cnt[r] = cnt[s];
+    }
+  }
+  (void)num_slots;
+}
+
+// Moves every full slot of the old layout into the new one (distinct keys: no duplicates).
+__global__ void rehash_kernel(const int64_t* okeys, const int32_t* oocc, const float* orows,
+                              const int64_t* olu, const int64_t* ocnt, int64_t ocap,
+                              int64_t* nkeys, int32_t* nocc, float* nrows, int64_t* nlu,
+                              int64_t* ncnt, uint64_t nbuckets, int64_t width,
+                              unsigned long long* failed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < ocap;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    if (oocc[i] != kFull) continue;
+    const int64_t key = okeys[i];
+    uint64_t b = home_bucket(key, nbuckets);
+    int64_t got = -1;
+    for (uint64_t visited = 0; visited < nbuckets && got < 0; ++visited) {
+      const int64_t base = static_cast<int64_t>(b) * kBucketSlots;
+      for (int s = 0; s < kBucketSlots && got < 0; ++s)
+        if (atomicCAS(&nocc[base + s], kEmpty, kBusy) == kEmpty) got = base + s;
+      b = (b + 1) & (nbuckets - 1);
+    }
+    if (got < 0) {
+      atomicAdd(failed, 1ull);
+      continue;
+    }
+    nkeys[got] = key;
+    for (int64_t c = 0; c < width; ++c) nrows[got * width + c] = orows[i * width + c];
+    nlu[got] = olu[i];
+    ncnt[got] = ocnt[i];
+    nocc[got] = kFull;
+  }
+}
+
+}  // namespace
+
+// The device arrays of one bucket layout (capacity = buckets * kBucketSlots slots).
+struct GpuTable::Arrays {
+  uint64_t buckets = 0;
+  int64_t cap = 0;
+  int64_t* keys = nullptr;
+  int32_t* occ = nullptr;
+  float* rows = nullptr;
+  int64_t* last_update = nullptr;
+  int64_t* count = nullptr;
+  float* slot_init = nullptr;
+
+  Arrays(uint64_t b, int64_t width, const std::vector<float>& slot_init_host,
+         cudaStream_t stream)
+      : buckets(b), cap(static_cast<int64_t>(b) * kBucketSlots) {
+    try {
+      check(cudaMalloc(&keys, sizeof(int64_t) * cap), "allocating keys");
+      check(cudaMalloc(&occ, sizeof(int32_t) * cap), "allocating slot states");
+      check(cudaMalloc(&rows, sizeof(float) * cap * width), "allocating rows");
+      check(cudaMalloc(&last_update, sizeof(int64_t) * cap), "allocating metadata");
+      check(cudaMalloc(&count, sizeof(int64_t) * cap), "allocating metadata");
+      if (!slot_init_host.empty()) {
+        check(cudaMalloc(&slot_init, sizeof(float) * slot_init_host.size()),
+              "allocating slot initial values");
+        check(cudaMemcpyAsync(slot_init, slot_init_host.data(),
+                              sizeof(float) * slot_init_host.size(), cudaMemcpyHostToDevice,
+                              stream),
+              "copying slot initial values");
+      }
+      check(cudaMemsetAsync(occ, 0, sizeof(int32_t) * cap, stream), "clearing slot states");
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+  ~Arrays() { release(); }
+  void release() {
+    cudaFree(keys);
+    cudaFree(occ);
+    cudaFree(rows);
+    cudaFree(last_update);
+    cudaFree(count);
+    cudaFree(slot_init);
+    keys = nullptr;
+    occ = nullptr;
+    rows = nullptr;
+    last_update = count = nullptr;
+    slot_init = nullptr;
+  }
+};
+
+namespace {
+
+std::vector<float> slot_initial_values(const Optimizer* opt) {
+  std::vector<float> v;
+  if (opt)
+    for (int s = 0; s < opt->num_slots(); ++s) v.push_back(opt->slot_initial_value(s));
+  return v;
+}
+
+// The batch's positions stably sorted by key, and the start of each distinct key's segment.
+struct Dedup {
+  Dedup(const int64_t* keys, int64_t n, cudaStream_t stream)
+      : sorted(n, stream, "dedup keys"),
+        order(n, stream, "dedup order"),
+        heads(n, stream, "dedup heads"),
+        ukeys(n, stream, "dedup distinct keys") {
+    if (n == 0) return;
+    Buffer<int64_t> pos(n, stream, "dedup positions");
+    Buffer<uint8_t> flags(n, stream, "dedup flags");
+    Buffer<int64_t> num(1, stream, "dedup count");
+    iota_kernel<<<blocks_for(n), kThreads, 0, stream>>>(pos.get(), n);
+    size_t sort_bytes = 0, select_bytes = 0;
+    cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, sorted.get(), pos.get(),
+                                    order.get(), n, 0, 64, stream);
+    thrust::counting_iterator<int64_t> counting(0);
+    cub::DeviceSelect::Flagged(nullptr, select_bytes, counting, flags.get(), heads.get(),
+                               num.get(), n, stream);
+    Buffer<unsigned char> temp(static_cast<int64_t>(std::max(sort_bytes, select_bytes)), stream,
+                               "dedup scratch");
+    check(cub::DeviceRadixSort::SortPairs(temp.get(), sort_bytes, keys, sorted.get(), pos.get(),
+                                          order.get(), n, 0, 64, stream),
+          "sorting keys");
+    head_flags_kernel<<<blocks_for(n), kThreads, 0, stream>>>(sorted.get(), n, flags.get());
+    check(cub::DeviceSelect::Flagged(temp.get(), select_bytes, counting, flags.get(),
+                                     heads.get(), num.get(), n, stream),
+          "selecting distinct keys");
+    check(cudaMemcpyAsync(&count, num.get(), sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
+          "reading the distinct key count");
+    check(cudaStreamSynchronize(stream), "dedup");
+    unique_keys_kernel<<<blocks_for(count), kThreads, 0, stream>>>(sorted.get(), heads.get(),
+                                                                   count, ukeys.get());
+  }
+  Buffer<int64_t> sorted, order, heads, ukeys;
+  int64_t count = 0;
+};
+
+int64_t read_counter(unsigned long long* d, cudaStream_t stream, const char* what) {
+  unsigned long long h = 0;
+  check(cudaMemcpyAsync(&h, d, sizeof(h), cudaMemcpyDeviceToHost, stream), what);
+  check(cudaStreamSynchronize(stream), what);
+  return static_cast<int64_t>(h);
+}
+
+}  // namespace
+
+GpuTable::GpuTable(const std::string& config) {
+  Config c = Config::parse(config, "GPU table config");
+  dim_ = c.get_int("dim", 0);
+  if (dim_ < 1) throw std::invalid_argument("GPU table config: dim must be >= 1");
+  max_load_ = c.get_double("max_load", 0.75);
+  if (!(max_load_ > 0.0 && max_load_ <= 1.0))
+    throw std::invalid_argument("GPU table config: max_load must be in (0, 1]");
+  const int64_t hint = c.get_int("capacity_hint", 1024);
+  init_ = Initializer::from_config(c, dim_);
+  c.check_known({"dim", "max_load", "capacity_hint", "initializer", "seed", "mean", "stddev",
+                 "minval", "maxval", "value", "values"},
+                "GPU table config");
+  init_kernel_ = init_.kernel();
+  if (init_kernel_.kind == kernels::InitKernel::kVector) {
+    check(cudaMalloc(&d_init_vector_, sizeof(float) * dim_), "allocating the initializer vector");
+    check(cudaMemcpy(d_init_vector_, init_kernel_.vector, sizeof(float) * dim_,
+                     cudaMemcpyHostToDevice),
+          "copying the initializer vector");
+    init_kernel_.vector = d_init_vector_;
+  }
+  num_buckets_ = buckets_for(hint < 1 ? 1 : hint, max_load_);
+  arrays_.reset(new Arrays(num_buckets_, width(), {}, nullptr));
+  check(cudaDeviceSynchronize(), "creating the table");
+}
+
+GpuTable::~GpuTable() {
+  arrays_.reset();
+  cudaFree(d_init_vector_);
+}
+
+void GpuTable::set_optimizer(const std::string& spec) {
+  if (size_ != 0)
+    throw std::invalid_argument("GPU table: set_optimizer needs an empty table (rows would need "
+                                "slot columns)");
+  std::unique_ptr<Optimizer> opt = make_optimizer(spec);
+  const int64_t w = dim_ * (1 + opt->num_slots());
+  std::unique_ptr<Arrays> fresh(new Arrays(num_buckets_, w, slot_initial_values(opt.get()),
+                                           nullptr));
+  check(cudaDeviceSynchronize(), "set_optimizer");
+  optimizer_ = std::move(opt);
+  arrays_ = std::move(fresh);
+}
+
+void GpuTable::locate(const int64_t* keys, int64_t n, int64_t* slots, cudaStream_t stream) const {
+  if (n == 0) return;
+  locate_kernel<<<blocks_for(n), kThreads, 0, stream>>>(arrays_->keys, arrays_->occ,
+                                                        arrays_->buckets, keys, n, slots);
+  check(cudaGetLastError(), "locate");
+}
+
+void GpuTable::reserve_for(int64_t extra, cudaStream_t stream) {
+  const int64_t need = size_ + extra;
+  if (static_cast<double>(need) <= max_load_ * static_cast<double>(arrays_->cap)) return;
+  const uint64_t buckets = buckets_for(need, max_load_);
+  std::unique_ptr<Arrays> fresh(
+      new Arrays(buckets, width(), slot_initial_values(optimizer_.get()), stream));
+  Buffer<unsigned long long> failed(1, stream, "rehash counter");
+  check(cudaMemsetAsync(failed.get(), 0, sizeof(unsigned long long), stream), "rehash");
+  const Arrays& o = *arrays_;
+  rehash_kernel<<<blocks_for(o.cap), kThreads, 0, stream>>>(
+      o.keys, o.occ, o.rows, o.last_update, o.count, o.cap, fresh->keys, fresh->occ, fresh->rows,
+      fresh->last_update, fresh->count, buckets, width(), failed.get());
+  if (read_counter(failed.get(), stream, "rehash") != 0)
+    throw std::logic_error("GPU table: rehash lost rows (a bug); the table is unchanged");
+  arrays_ = std::move(fresh);
+  num_buckets_ = buckets;
+}
+
+void GpuTable::find(const int64_t* keys, int64_t n, float* values, uint8_t* exists,
+                    cudaStream_t stream) {
+  if (n == 0) return;
+  Buffer<int64_t> slot(n, stream, "find slots");
+  locate(keys, n, slot.get(), stream);
+  gather_kernel<<<blocks_for(n * dim_), kThreads, 0, stream>>>(
+      arrays_->rows, width(), dim_, slot.get(), keys, n, init_kernel_, values, exists);
+  check(cudaGetLastError(), "find");
+}
+
+int64_t GpuTable::find_or_insert(const int64_t* keys, int64_t n, float* values, uint8_t* exists,
+                                 cudaStream_t stream) {
+  if (n == 0) return 0;
+  Dedup d(keys, n, stream);
+  Buffer<int64_t> uslot(d.count, stream, "distinct slots");
+  Buffer<int64_t> before(n, stream, "slots before"), after(n, stream, "slots after");
+  Buffer<unsigned long long> counter(1, stream, "counter");
+  check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
+  locate(d.ukeys.get(), d.count, uslot.get(), stream);
+  count_missing_kernel<<<blocks_for(d.count), kThreads, 0, stream>>>(uslot.get(), d.count,
+                                                                     counter.get());
+  const int64_t missing = read_counter(counter.get(), stream, "counting new keys");
+  reserve_for(missing, stream);                   // may rehash: locate again below
+  locate(keys, n, before.get(), stream);
+  locate(d.ukeys.get(), d.count, uslot.get(), stream);
+  check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
+  const int64_t stamp = ++clock_;
+  insert_kernel<<<blocks_for(d.count), kThreads, 0, stream>>>(
+      arrays_->keys, arrays_->occ, arrays_->rows, arrays_->last_update, arrays_->count,
+      arrays_->buckets, width(), dim_, d.ukeys.get(), d.count, uslot.get(), init_kernel_,
+      arrays_->slot_init, num_slots(), stamp, counter.get());
+  size_ += missing;
+  locate(keys, n, after.get(), stream);
+  gather_after_insert_kernel<<<blocks_for(n * dim_), kThreads, 0, stream>>>(
+      arrays_->rows, width(), dim_, before.get(), after.get(), n, values, exists);
+  if (read_counter(counter.get(), stream, "find_or_insert") != 0)
+    throw std::logic_error("GPU table: insert found no free slot after reserve (a bug)");
+  return 0;  // rows evicted: no capacity eviction on the GPU table yet
+}
+
+int64_t GpuTable::insert_or_assign(const int64_t* keys, int64_t n, const float* values,
+                                   cudaStream_t stream) {
+  if (n == 0) return 0;
+  Dedup d(keys, n, stream);
+  Buffer<int64_t> uslot(d.count, stream, "distinct slots");
+  Buffer<unsigned long long> counter(1, stream, "counter");
+  check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
+  locate(d.ukeys.get(), d.count, uslot.get(), stream);
+  count_missing_kernel<<<blocks_for(d.count), kThreads, 0, stream>>>(uslot.get(), d.count,
+                                                                     counter.get());
+  const int64_t missing = read_counter(counter.get(), stream, "counting new keys");
+  reserve_for(missing, stream);
+  locate(d.ukeys.get(), d.count, uslot.get(), stream);
+  check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
+  const int64_t stamp = ++clock_;
+  insert_kernel<<<blocks_for(d.count), kThreads, 0, stream>>>(
+      arrays_->keys, arrays_->occ, arrays_->rows, arrays_->last_update, arrays_->count,
+      arrays_->buckets, width(), dim_, d.ukeys.get(), d.count, uslot.get(), init_kernel_,
+      arrays_->slot_init, num_slots(), stamp, counter.get());
+  size_ += missing;
+  assign_kernel<<<blocks_for(d.count * dim_), kThreads, 0, stream>>>(
+      arrays_->rows, arrays_->last_update, arrays_->count, width(), dim_, uslot.get(),
+      d.heads.get(), d.order.get(), d.count, n, values, stamp);
+  if (read_counter(counter.get(), stream, "insert_or_assign") != 0)
+    throw std::logic_error("GPU table: insert found no free slot after reserve (a bug)");
+  return 0;
+}
+
+int64_t GpuTable::apply_gradients(const int64_t* keys, int64_t n, const float* grads, float lr,
+                                  int64_t step, cudaStream_t stream) {
+  if (!optimizer_)
+    throw std::invalid_argument("apply_gradients: this table has no optimizer attached");
+  // Host-side first: validates (lr, step) and computes the per-batch scalars exactly as the CPU.
+  const StepArgs args = optimizer_->prepare(lr, step);
+  if (n == 0) return 0;
+  const kernels::StepScalars scalars = step_scalars(args);
+  const kernels::OptimizerKernel k = optimizer_->kernel();
+  Dedup d(keys, n, stream);
+  Buffer<int64_t> uslot(d.count, stream, "distinct slots");
+  Buffer<float> summed(d.count * dim_, stream, "summed gradients");
+  Buffer<unsigned long long> counter(1, stream, "counter");
+  check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
+  locate(d.ukeys.get(), d.count, uslot.get(), stream);
+  count_missing_kernel<<<blocks_for(d.count), kThreads, 0, stream>>>(uslot.get(), d.count,
+                                                                     counter.get());
+  const int64_t missing = read_counter(counter.get(), stream, "counting new keys");
+  reserve_for(missing, stream);
+  locate(d.ukeys.get(), d.count, uslot.get(), stream);
+  check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
+  const int64_t stamp = ++clock_;
+  insert_kernel<<<blocks_for(d.count), kThreads, 0, stream>>>(
+      arrays_->keys, arrays_->occ, arrays_->rows, arrays_->last_update, arrays_->count,
+      arrays_->buckets, width(), dim_, d.ukeys.get(), d.count, uslot.get(), init_kernel_,
+      arrays_->slot_init, num_slots(), stamp, counter.get());
+  size_ += missing;
+  segment_sum_kernel<<<blocks_for(d.count * dim_), kThreads, 0, stream>>>(
+      d.heads.get(), d.order.get(), d.count, n, grads, dim_, summed.get());
+  apply_kernel<<<blocks_for(d.count * dim_), kThreads, 0, stream>>>(
+      arrays_->rows, arrays_->last_update, arrays_->count, width(), dim_, uslot.get(), d.count,
+      summed.get(), k, scalars, stamp);
+  if (read_counter(counter.get(), stream, "apply_gradients") != 0)
+    throw std::logic_error("GPU table: insert found no free slot after reserve (a bug)");
+  return 0;
+}
+
+void GpuTable::erase(const int64_t* keys, int64_t n, cudaStream_t stream) {
+  ++clock_;
+  if (n == 0) return;
+  Buffer<int64_t> slot(n, stream, "erase slots");
+  Buffer<unsigned long long> counter(1, stream, "counter");
+  check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
+  locate(keys, n, slot.get(), stream);
+  erase_kernel<<<blocks_for(n), kThreads, 0, stream>>>(arrays_->occ, slot.get(), n,
+                                                       counter.get());
+  size_ -= read_counter(counter.get(), stream, "erase");
+}
+
+void GpuTable::clear(cudaStream_t stream) {
+  ++clock_;
+  check(cudaMemsetAsync(arrays_->occ, 0, sizeof(int32_t) * arrays_->cap, stream), "clear");
+  check(cudaStreamSynchronize(stream), "clear");
+  size_ = 0;
+}
+
+int64_t GpuTable::size(cudaStream_t stream) const {
+  check(cudaStreamSynchronize(stream), "size");
+  return size_;
+}
+
+int64_t GpuTable::export_rows(int64_t offset, int64_t limit, int64_t* keys, float* values,
+                              float* slots, int64_t* last_update, int64_t* update_count,
+                              cudaStream_t stream) const {
+  if (offset < 0 || limit < 0) throw std::invalid_argument("export: offset and limit must be >= 0");
+  const int64_t cap = arrays_->cap;
+  Buffer<uint8_t> flags(cap, stream, "export flags");
+  Buffer<int64_t> full(cap, stream, "export slots");
+  Buffer<int64_t> num(1, stream, "export count");
+  full_flags_kernel<<<blocks_for(cap), kThreads, 0, stream>>>(arrays_->occ, cap, flags.get());
+  thrust::counting_iterator<int64_t> counting(0);
+  size_t bytes = 0;
+  cub::DeviceSelect::Flagged(nullptr, bytes, counting, flags.get(), full.get(), num.get(), cap,
+                             stream);
+  Buffer<unsigned char> temp(static_cast<int64_t>(bytes), stream, "export scratch");
+  check(cub::DeviceSelect::Flagged(temp.get(), bytes, counting, flags.get(), full.get(),
+                                   num.get(), cap, stream),
+        "export");
+  int64_t total = 0;
+  check(cudaMemcpyAsync(&total, num.get(), sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
+        "export");
+  check(cudaStreamSynchronize(stream), "export");
+  if (offset >= total) return 0;
+  const int64_t m = std::min(limit, total - offset);
+  export_kernel<<<blocks_for(m * width()), kThreads, 0, stream>>>(
+      arrays_->keys, arrays_->rows, arrays_->last_update, arrays_->count, width(), dim_,
+      num_slots(), full.get() + offset, m, keys, values, slots, last_update, update_count);
+  check(cudaStreamSynchronize(stream), "export");
+  return m;
+}
+
+}  // namespace gpu
+}  // namespace dualemb
