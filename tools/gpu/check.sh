@@ -35,7 +35,7 @@ step build cmake --build "$build" -j"$(nproc)"
 export DUALEMB_NATIVE_DIR=$PWD/$build/dualemb PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 step host_math "$build/dualemb/dualemb_gpu_host_math_tests"
 step gpu_tests "$py" -m pytest -q -rs --junitxml="$out/gpu_tests.xml" -p no:cacheprovider \
-  tests/test_gpu_table.py
+  tests/gpu/test_gpu_table.py
 step bench "$py" benchmarks/bench_gpu.py --out "$out/bench_gpu.json"
 echo "status $status; logs and JSON in $out"
 exit $status

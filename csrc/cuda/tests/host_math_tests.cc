@@ -5,7 +5,7 @@
 // init_math.h) one element per thread, dispatching on plain-data descriptors; the CPU core runs
 // the same element functions in its own vectorized loops. This checks, without a GPU, that the
 // descriptors and the dispatch reproduce every CPU variant exactly (what remains for a GPU run is
-// only the device compiler: tests/test_gpu_*.py). Built with -DDUALEMB_BUILD_TESTS=ON; links the
+// only the device compiler: tests/gpu/). Built with -DDUALEMB_BUILD_TESTS=ON; links the
 // core's optimizer and initializer sources directly (their symbols are hidden in the shared core).
 #include <cstdio>
 #include <cstring>
