@@ -19,7 +19,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
 import dualemb.tf as de  # noqa: E402
 from dense_reference import dense_reference  # noqa: E402
