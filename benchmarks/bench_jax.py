@@ -24,7 +24,6 @@ import numpy as np
 import optax
 
 import dualemb.jax as dej
-from dualemb.core.table import Table as CoreTable
 
 DIM = 16
 BATCH = 4096

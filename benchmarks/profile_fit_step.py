@@ -112,7 +112,8 @@ def main() -> None:
     total_ops = sum(by_type.values())
     ours_s = sum(ours.values())
     out = {
-        "spec": spec, "steps": steps, "with_unique": not args.no_unique, "load_avg_start": load0, "load_avg_end": os.getloadavg(),
+        "spec": spec, "steps": steps, "with_unique": not args.no_unique, "load_avg_start": load0,
+        "load_avg_end": os.getloadavg(),
         "step_wall_ms": wall / steps * 1e3,
         "step_process_cpu_ms": cpu / steps * 1e3,
         "dualemb_ops_ms_per_step": ours_s / steps * 1e3,

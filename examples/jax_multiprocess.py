@@ -8,7 +8,6 @@ docs/scaling_jax.md.
 """
 
 import argparse
-import os
 import socket
 import subprocess
 import sys

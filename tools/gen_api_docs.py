@@ -1,6 +1,6 @@
 """Writes docs/api/<module>.md from the docstrings of dualemb's public modules.
 
-    python tools/gen_api_docs.py
+    python tools/gen_api_docs.py [--out DIR]
 
 Each page lists the module's public names (``__all__`` or names without a leading underscore)
 with their signatures and docstrings, classes with their public methods. Run it after changing
@@ -9,6 +9,7 @@ a public API; the pages are committed so they can be read without installing any
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
 import os
@@ -50,7 +51,8 @@ def describe(name, obj, level=3) -> list[str]:
             if mname.startswith("_"):
                 continue
             if isinstance(member, property):
-                lines += [f"- property `{mname}`: {(inspect.getdoc(member) or '').splitlines()[0] if inspect.getdoc(member) else ''}"]
+                pdoc = inspect.getdoc(member)
+                lines += [f"- property `{mname}`: {pdoc.splitlines()[0] if pdoc else ''}"]
             elif callable(member) or isinstance(member, (classmethod, staticmethod)):
                 fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
                 mdoc = inspect.getdoc(fn) or ""
@@ -61,8 +63,14 @@ def describe(name, obj, level=3) -> list[str]:
     return []
 
 
-def main():
-    out_dir = os.path.join(os.path.dirname(__file__), "..", "docs", "api")
+DOCS_API = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs",
+                                         "api"))
+
+
+def generate(out_dir: str = DOCS_API) -> list[str]:
+    """Writes the pages into ``out_dir``; returns the modules skipped (their framework missing).
+    tests/test_style.py generates into a temporary directory and compares with docs/api/."""
+    skipped = []
     os.makedirs(out_dir, exist_ok=True)
     for page, modules in MODULES.items():
         lines = [f"# API reference: dualemb.{page}", "",
@@ -72,6 +80,7 @@ def main():
                 module = importlib.import_module(modname)
             except Exception as e:  # a front end whose framework is missing
                 print(f"skipping {modname}: {e}", file=sys.stderr)
+                skipped.append(modname)
                 continue
             lines += [f"## `{modname}`", "", inspect.getdoc(module) or "", ""]
             for name in public_names(module):
@@ -81,7 +90,14 @@ def main():
                 lines += describe(name, obj)
         with open(os.path.join(out_dir, f"{page}.md"), "w") as f:
             f.write("\n".join(lines).rstrip() + "\n")
-        print("wrote", os.path.join("docs", "api", f"{page}.md"))
+        print("wrote", os.path.join(out_dir, f"{page}.md"))
+    return skipped
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=DOCS_API, help="directory of the pages (docs/api)")
+    generate(parser.parse_args().out)
 
 
 if __name__ == "__main__":

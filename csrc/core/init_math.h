@@ -30,8 +30,8 @@ DE_HD inline float log_unit(float x) {
   e = big ? e + 1 : e;
   const float t = (m - 1.f) / (m + 1.f);
   const float t2 = t * t;
-  const float p = t * (2.f + t2 * (0.6666666667f + t2 * (0.4f + t2 * (0.2857142857f +
-                                                                       t2 * 0.2222222222f))));
+  const float p =
+      t * (2.f + t2 * (0.6666666667f + t2 * (0.4f + t2 * (0.2857142857f + t2 * 0.2222222222f))));
   return p + static_cast<float>(e) * 0.69314718056f;
 }
 
@@ -41,10 +41,13 @@ DE_HD inline void cos_sin_turn(float u, float* c, float* s) {
   const int q = static_cast<int>(x + 0.5f);
   const float th = (x - static_cast<float>(q)) * 1.57079632679f;
   const float t2 = th * th;
-  const float sn = th * (1.f + t2 * (-1.6666666667e-1f + t2 * (8.3333333333e-3f +
-                                     t2 * (-1.9841269841e-4f + t2 * 2.7557319224e-6f))));
-  const float cs = 1.f + t2 * (-0.5f + t2 * (4.1666666667e-2f + t2 * (-1.3888888889e-3f +
-                                t2 * 2.4801587302e-5f)));
+  const float sn =
+      th *
+      (1.f + t2 * (-1.6666666667e-1f +
+                   t2 * (8.3333333333e-3f + t2 * (-1.9841269841e-4f + t2 * 2.7557319224e-6f))));
+  const float cs =
+      1.f +
+      t2 * (-0.5f + t2 * (4.1666666667e-2f + t2 * (-1.3888888889e-3f + t2 * 2.4801587302e-5f)));
   const int qq = q & 3;
   *c = qq == 0 ? cs : qq == 1 ? -sn : qq == 2 ? -cs : sn;
   *s = qq == 0 ? sn : qq == 1 ? cs : qq == 2 ? -sn : -cs;

@@ -58,11 +58,11 @@ struct OptimizerKernel {
   bool decay = false;        // optax adamw / adadelta / lion: the optimizer's own weight decay
   bool centered = false;     // rmsprop
   bool eps_in_sqrt = true;   // adagrad (keras), rmsprop
-  int32_t variant = 0;       // ftrl: 0 x^0, 1 sqrt, 2 powf; optax rmsprop: 0 no trace, 1, 2 nesterov
+  int32_t variant = 0;  // ftrl: 0 x^0, 1 sqrt, 2 powf; optax rmsprop: 0 no trace, 1, 2 nesterov
   // Hyper-parameters, float32 as the math uses them.
   float b1 = 0.f, b2 = 0.f, omb1 = 0.f, omb2 = 0.f;  // beta_1/2 (or b1/b2) and 1 - beta
   float eps = 0.f, eps_root = 0.f;
-  float wd = 0.f;            // the optimizer's own weight decay (optax adamw, adadelta, lion)
+  float wd = 0.f;  // the optimizer's own weight decay (optax adamw, adadelta, lion)
   float momentum_value = 0.f;
   float rho = 0.f, omr = 0.f;  // rmsprop rho / optax decay, adadelta rho; and 1 - rho
   float l1 = 0.f, two_l2s = 0.f, power = 0.f;  // ftrl
@@ -116,8 +116,9 @@ DE_HD inline void optax_adagrad(float eps, float nlr, float& w, float& s, float 
   w = w + (inv * g) * nlr;
 }
 
-// ---- Adam, AdamW, AMSGrad -------------------------------------------------------------------------
-// alpha = StepScalars.c[0] (KerasAdam::prepare). Weight decay (AdamW) is keras_decay, before.
+// ---- Adam, AdamW, AMSGrad
+// ------------------------------------------------------------------------- alpha =
+// StepScalars.c[0] (KerasAdam::prepare). Weight decay (AdamW) is keras_decay, before.
 template <bool kAms>
 DE_HD inline void keras_adam(const OptimizerKernel& k, float alpha, float& w, float& m, float& v,
                              float& vh, float g) {
@@ -171,9 +172,9 @@ DE_HD inline void optax_adamax(const OptimizerKernel& k, float nlr, float inv_bc
   w = w + ((mi * inv_bc1) / ni) * nlr;
 }
 
-// ---- Nadam (Keras) --------------------------------------------------------------------------------
-// c[0] = u_{t+1}, c[1] = 1 - U_{t+1}, c[2] = 1 - u_t, c[3] = 1 - U_t, c[4] = 1 - beta_2^t
-// (KerasNadam::prepare).
+// ---- Nadam (Keras)
+// -------------------------------------------------------------------------------- c[0] = u_{t+1},
+// c[1] = 1 - U_{t+1}, c[2] = 1 - u_t, c[3] = 1 - U_t, c[4] = 1 - beta_2^t (KerasNadam::prepare).
 DE_HD inline void keras_nadam(const OptimizerKernel& k, const StepScalars& s, float& w, float& m,
                               float& v, float g) {
   const float mi = m + (g - m) * k.omb1;
@@ -211,8 +212,8 @@ DE_HD inline void keras_rmsprop(const OptimizerKernel& k, float lr, float& w, fl
 
 // ibc = c[0] = 1/(1 - decay^t) with bias_correction, else 1. kTrace: 0 none, 1, 2 Nesterov.
 template <bool kCentered, bool kEpsInSqrt, int kTrace>
-DE_HD inline void optax_rmsprop(const OptimizerKernel& k, float nlr, float ibc, float& w,
-                                float& mu, float& nu, float& tr, float g) {
+DE_HD inline void optax_rmsprop(const OptimizerKernel& k, float nlr, float ibc, float& w, float& mu,
+                                float& nu, float& tr, float g) {
   const float ni = k.omr * (g * g) + k.rho * nu;
   nu = ni;
   float var = ni * ibc;
@@ -232,10 +233,10 @@ DE_HD inline void optax_rmsprop(const OptimizerKernel& k, float nlr, float ibc, 
   w = w + u;
 }
 
-// ---- FTRL (Keras) ---------------------------------------------------------------------------------
-// kPow: 0 -> x^0 = 1, 1 -> sqrt(x), 2 -> powf(x, p). powf is libm's on the host and CUDA's on the
-// device: the one place where the two may differ (by an ulp; only for learning_rate_power other
-// than -0.5 and 0).
+// ---- FTRL (Keras)
+// --------------------------------------------------------------------------------- kPow: 0 -> x^0
+// = 1, 1 -> sqrt(x), 2 -> powf(x, p). powf is libm's on the host and CUDA's on the device: the one
+// place where the two may differ (by an ulp; only for learning_rate_power other than -0.5 and 0).
 template <int kPow>
 DE_HD inline float ftrl_power(float x, float p) {
   if (kPow == 0) return 1.f;
@@ -249,8 +250,8 @@ DE_HD inline float ftrl_power(float x, float p) {
 
 // two_l2 = c[0] = 2 * (l2 + beta / (2 * lr)) (KerasFtrl::prepare).
 template <int kPow>
-DE_HD inline void keras_ftrl(const OptimizerKernel& k, float lr, float two_l2, float& w,
-                             float& acc, float& lin, float g) {
+DE_HD inline void keras_ftrl(const OptimizerKernel& k, float lr, float two_l2, float& w, float& acc,
+                             float& lin, float g) {
   const float wi = w, ai = acc;
   const float g2 = g + k.two_l2s * wi;
   const float na = ai + g * g;
@@ -304,10 +305,11 @@ DE_HD inline void optax_lion(const OptimizerKernel& k, float nlr, float& w, floa
   w = w + u * nlr;
 }
 
-// ---- One element of any optimizer, dispatched on the POD -----------------------------------------
-// Updates row[j] and its slots (slot s at slots[s * dim + j]) with the summed gradient grad[j]:
-// what Optimizer::apply(row, slots, grad, dim, args) does to element j. The GPU table's kernel;
-// csrc/cuda/tests checks on the CPU that it equals every CPU optimizer's apply() bit for bit.
+// ---- One element of any optimizer, dispatched on the POD
+// ----------------------------------------- Updates row[j] and its slots (slot s at slots[s * dim +
+// j]) with the summed gradient grad[j]: what Optimizer::apply(row, slots, grad, dim, args) does to
+// element j. The GPU table's kernel; csrc/cuda/tests checks on the CPU that it equals every CPU
+// optimizer's apply() bit for bit.
 DE_HD inline void apply_element(const OptimizerKernel& k, const StepScalars& s, float* row,
                                 float* slots, const float* grad, int64_t dim, int64_t j) {
   float w = row[j];
@@ -320,42 +322,49 @@ DE_HD inline void apply_element(const OptimizerKernel& k, const StepScalars& s, 
   if (k.keras_decay) w = keras_weight_decay(w, k.keras_wd, s.lr);
   switch (k.kind) {
     case OptKind::kKerasSgd:
-      if (!k.momentum) keras_sgd(s.lr, w, g);
-      else if (k.nesterov) keras_sgd_momentum<true>(k.momentum_value, s.lr, w, s0, g);
-      else keras_sgd_momentum<false>(k.momentum_value, s.lr, w, s0, g);
+      if (!k.momentum)
+        keras_sgd(s.lr, w, g);
+      else if (k.nesterov)
+        keras_sgd_momentum<true>(k.momentum_value, s.lr, w, s0, g);
+      else
+        keras_sgd_momentum<false>(k.momentum_value, s.lr, w, s0, g);
       break;
     case OptKind::kOptaxSgd:
-      if (!k.momentum) optax_sgd(s.nlr, w, g);
-      else if (k.nesterov) optax_sgd_momentum<true>(k.momentum_value, s.nlr, w, s0, g);
-      else optax_sgd_momentum<false>(k.momentum_value, s.nlr, w, s0, g);
+      if (!k.momentum)
+        optax_sgd(s.nlr, w, g);
+      else if (k.nesterov)
+        optax_sgd_momentum<true>(k.momentum_value, s.nlr, w, s0, g);
+      else
+        optax_sgd_momentum<false>(k.momentum_value, s.nlr, w, s0, g);
       break;
     case OptKind::kKerasAdagrad:
-      if (k.eps_in_sqrt) keras_adagrad<true>(k.eps, s.lr, w, s0, g);
-      else keras_adagrad<false>(k.eps, s.lr, w, s0, g);
+      if (k.eps_in_sqrt)
+        keras_adagrad<true>(k.eps, s.lr, w, s0, g);
+      else
+        keras_adagrad<false>(k.eps, s.lr, w, s0, g);
       break;
-    case OptKind::kOptaxAdagrad:
-      optax_adagrad(k.eps, s.nlr, w, s0, g);
-      break;
+    case OptKind::kOptaxAdagrad: optax_adagrad(k.eps, s.nlr, w, s0, g); break;
     case OptKind::kKerasAdam:
-      if (k.amsgrad) keras_adam<true>(k, s.c[0], w, s0, s1, s2, g);
-      else keras_adam<false>(k, s.c[0], w, s0, s1, s2, g);
+      if (k.amsgrad)
+        keras_adam<true>(k, s.c[0], w, s0, s1, s2, g);
+      else
+        keras_adam<false>(k, s.c[0], w, s0, s1, s2, g);
       break;
     case OptKind::kOptaxAdam:
-      if (k.amsgrad) optax_adam<false, true, false>(k, s, w, s0, s1, s2, g);
-      else if (k.nesterov && k.decay) optax_adam<true, false, true>(k, s, w, s0, s1, s2, g);
-      else if (k.nesterov) optax_adam<true, false, false>(k, s, w, s0, s1, s2, g);
-      else if (k.decay) optax_adam<false, false, true>(k, s, w, s0, s1, s2, g);
-      else optax_adam<false, false, false>(k, s, w, s0, s1, s2, g);
+      if (k.amsgrad)
+        optax_adam<false, true, false>(k, s, w, s0, s1, s2, g);
+      else if (k.nesterov && k.decay)
+        optax_adam<true, false, true>(k, s, w, s0, s1, s2, g);
+      else if (k.nesterov)
+        optax_adam<true, false, false>(k, s, w, s0, s1, s2, g);
+      else if (k.decay)
+        optax_adam<false, false, true>(k, s, w, s0, s1, s2, g);
+      else
+        optax_adam<false, false, false>(k, s, w, s0, s1, s2, g);
       break;
-    case OptKind::kKerasAdamax:
-      keras_adamax(k, s.lr, s.c[0], w, s0, s1, g);
-      break;
-    case OptKind::kOptaxAdamax:
-      optax_adamax(k, s.nlr, s.c[1], w, s0, s1, g);
-      break;
-    case OptKind::kKerasNadam:
-      keras_nadam(k, s, w, s0, s1, g);
-      break;
+    case OptKind::kKerasAdamax: keras_adamax(k, s.lr, s.c[0], w, s0, s1, g); break;
+    case OptKind::kOptaxAdamax: optax_adamax(k, s.nlr, s.c[1], w, s0, s1, g); break;
+    case OptKind::kKerasNadam: keras_nadam(k, s, w, s0, s1, g); break;
     case OptKind::kKerasRmsprop: {
       // slots: velocity, [momentum], [average_gradient]
       float& a = k.momentum ? s2 : s1;
@@ -379,10 +388,13 @@ DE_HD inline void apply_element(const OptimizerKernel& k, const StepScalars& s, 
       float& tr = k.centered ? s2 : s1;
       const float ibc = s.c[0];
       const int v = (k.centered ? 1 : 0) | (k.eps_in_sqrt ? 2 : 0);
-#define DE_RMS_(C, E)                                                                  \
-  if (k.variant == 0) optax_rmsprop<C, E, 0>(k, s.nlr, ibc, w, mu, nu, tr, g);        \
-  else if (k.variant == 2) optax_rmsprop<C, E, 2>(k, s.nlr, ibc, w, mu, nu, tr, g);   \
-  else optax_rmsprop<C, E, 1>(k, s.nlr, ibc, w, mu, nu, tr, g);
+#define DE_RMS_(C, E)                                        \
+  if (k.variant == 0)                                        \
+    optax_rmsprop<C, E, 0>(k, s.nlr, ibc, w, mu, nu, tr, g); \
+  else if (k.variant == 2)                                   \
+    optax_rmsprop<C, E, 2>(k, s.nlr, ibc, w, mu, nu, tr, g); \
+  else                                                       \
+    optax_rmsprop<C, E, 1>(k, s.nlr, ibc, w, mu, nu, tr, g);
       switch (v) {
         case 0: DE_RMS_(false, false) break;
         case 1: DE_RMS_(true, false) break;
@@ -393,23 +405,26 @@ DE_HD inline void apply_element(const OptimizerKernel& k, const StepScalars& s, 
       break;
     }
     case OptKind::kKerasFtrl:
-      if (k.variant == 1) keras_ftrl<1>(k, s.lr, s.c[0], w, s0, s1, g);
-      else if (k.variant == 0) keras_ftrl<0>(k, s.lr, s.c[0], w, s0, s1, g);
-      else keras_ftrl<2>(k, s.lr, s.c[0], w, s0, s1, g);
+      if (k.variant == 1)
+        keras_ftrl<1>(k, s.lr, s.c[0], w, s0, s1, g);
+      else if (k.variant == 0)
+        keras_ftrl<0>(k, s.lr, s.c[0], w, s0, s1, g);
+      else
+        keras_ftrl<2>(k, s.lr, s.c[0], w, s0, s1, g);
       break;
-    case OptKind::kKerasAdadelta:
-      keras_adadelta(k, s.lr, w, s0, s1, g);
-      break;
+    case OptKind::kKerasAdadelta: keras_adadelta(k, s.lr, w, s0, s1, g); break;
     case OptKind::kOptaxAdadelta:
-      if (k.decay) optax_adadelta<true>(k, s.nlr, w, s0, s1, g);
-      else optax_adadelta<false>(k, s.nlr, w, s0, s1, g);
+      if (k.decay)
+        optax_adadelta<true>(k, s.nlr, w, s0, s1, g);
+      else
+        optax_adadelta<false>(k, s.nlr, w, s0, s1, g);
       break;
-    case OptKind::kKerasLion:
-      keras_lion(k, s.lr, w, s0, g);
-      break;
+    case OptKind::kKerasLion: keras_lion(k, s.lr, w, s0, g); break;
     case OptKind::kOptaxLion:
-      if (k.decay) optax_lion<true>(k, s.nlr, w, s0, g);
-      else optax_lion<false>(k, s.nlr, w, s0, g);
+      if (k.decay)
+        optax_lion<true>(k, s.nlr, w, s0, g);
+      else
+        optax_lion<false>(k, s.nlr, w, s0, g);
       break;
   }
   row[j] = w;

@@ -60,7 +60,10 @@ struct Dev {
     if (bytes) ok(cudaMalloc(&p, bytes), "GPU table: out of GPU memory staging a batch");
   }
   ~Dev() { cudaFree(p); }
-  template <class T> T* as() const { return static_cast<T*>(p); }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(p);
+  }
 };
 void h2d(void* d, const void* h, size_t bytes) {
   if (bytes && h) ok(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice), "copy to GPU");
@@ -121,15 +124,13 @@ DEC_API int dec_clear(void* h) {
 // ---- device pointers, on a stream -------------------------------------------------------------
 DEC_API int dec_find(void* h, const int64_t* keys, int64_t n, float* values, uint8_t* exists,
                      void* stream) {
-  return guarded([&] {
-    table(h)->find(keys, n, values, exists, static_cast<cudaStream_t>(stream));
-  });
+  return guarded(
+      [&] { table(h)->find(keys, n, values, exists, static_cast<cudaStream_t>(stream)); });
 }
 DEC_API int dec_find_or_insert(void* h, const int64_t* keys, int64_t n, float* values,
                                uint8_t* exists, void* stream, int64_t* evicted) {
   return guarded([&] {
-    *evicted = table(h)->find_or_insert(keys, n, values, exists,
-                                        static_cast<cudaStream_t>(stream));
+    *evicted = table(h)->find_or_insert(keys, n, values, exists, static_cast<cudaStream_t>(stream));
   });
 }
 DEC_API int dec_insert_or_assign(void* h, const int64_t* keys, int64_t n, const float* values,
@@ -141,14 +142,13 @@ DEC_API int dec_insert_or_assign(void* h, const int64_t* keys, int64_t n, const 
 DEC_API int dec_apply_gradients(void* h, const int64_t* keys, int64_t n, const float* grads,
                                 float lr, int64_t step, void* stream, int64_t* evicted) {
   return guarded([&] {
-    *evicted = table(h)->apply_gradients(keys, n, grads, lr, step,
-                                         static_cast<cudaStream_t>(stream));
+    *evicted =
+        table(h)->apply_gradients(keys, n, grads, lr, step, static_cast<cudaStream_t>(stream));
   });
 }
 
 // ---- host pointers (staged) ---------------------------------------------------------------------
-DEC_API int dec_find_host(void* h, const int64_t* keys, int64_t n, float* values,
-                          uint8_t* exists) {
+DEC_API int dec_find_host(void* h, const int64_t* keys, int64_t n, float* values, uint8_t* exists) {
   return guarded([&] {
     GpuTable* t = table(h);
     Dev k(8 * n), v(4 * n * t->dim()), e(n);
@@ -224,9 +224,8 @@ DEC_API int dec_free(void* p) {
   return guarded([&] { ok(cudaFree(p), "cudaFree"); });
 }
 DEC_API int dec_memcpy(void* dst, const void* src, size_t bytes, int kind) {
-  return guarded([&] {
-    ok(cudaMemcpy(dst, src, bytes, static_cast<cudaMemcpyKind>(kind)), "cudaMemcpy");
-  });
+  return guarded(
+      [&] { ok(cudaMemcpy(dst, src, bytes, static_cast<cudaMemcpyKind>(kind)), "cudaMemcpy"); });
 }
 DEC_API int dec_synchronize(void) {
   return guarded([&] { ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); });

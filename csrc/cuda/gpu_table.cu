@@ -7,8 +7,8 @@
 //   3. only then the kernels that write: claim slots for missing keys, fill rows and metadata.
 #include "gpu_table.h"
 
-#include <cub/cub.cuh>
 #include <thrust/iterator/counting_iterator.h>
+#include <cub/cub.cuh>
 
 #include <algorithm>
 
@@ -161,8 +161,7 @@ __global__ void gather_after_insert_kernel(const float* rows, int64_t width, int
   }
 }
 
-__device__ inline int64_t segment_end(const int64_t* heads, int64_t u, int64_t u_count,
-                                      int64_t n) {
+__device__ inline int64_t segment_end(const int64_t* heads, int64_t u, int64_t u_count, int64_t n) {
   return u + 1 < u_count ? heads[u + 1] : n;
 }
 
@@ -174,8 +173,8 @@ __device__ inline void bump(int64_t* c, int64_t by) {
 // insert_or_assign: the last occurrence of each key wins; the count grows by its occurrences.
 __global__ void assign_kernel(float* rows, int64_t* last_update, int64_t* count, int64_t width,
                               int64_t dim, const int64_t* slot, const int64_t* heads,
-                              const int64_t* order, int64_t u_count, int64_t n,
-                              const float* values, int64_t stamp) {
+                              const int64_t* order, int64_t u_count, int64_t n, const float* values,
+                              int64_t stamp) {
   const int64_t total = u_count * dim;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -202,9 +201,8 @@ __global__ void segment_sum_kernel(const int64_t* heads, const int64_t* order, i
 
 // apply_gradients, part 2: the optimizer step of each element (optimizer_math.h).
 __global__ void apply_kernel(float* rows, int64_t* last_update, int64_t* count, int64_t width,
-                             int64_t dim, const int64_t* slot, int64_t u_count,
-                             const float* summed, kernels::OptimizerKernel k,
-                             kernels::StepScalars s, int64_t stamp) {
+                             int64_t dim, const int64_t* slot, int64_t u_count, const float* summed,
+                             kernels::OptimizerKernel k, kernels::StepScalars s, int64_t stamp) {
   const int64_t total = u_count * dim;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
@@ -243,8 +241,10 @@ __global__ void export_kernel(const int64_t* keys, const float* rows, const int6
     const int64_t r = e / width, c = e % width;
     const int64_t s = slots_in_order[r];
     const float v = rows[s * width + c];
-    if (c < dim) out_values[r * dim + c] = v;
-    else if (out_slots) out_slots[r * (width - dim) + (c - dim)] = v;
+    if (c < dim)
+      out_values[r * dim + c] = v;
+    else if (out_slots)
+      out_slots[r * (width - dim) + (c - dim)] = v;
     if (c == 0) {
       out_keys[r] = keys[s];
       if (out_lu) out_lu[r] = lu[s];
@@ -256,10 +256,9 @@ __global__ void export_kernel(const int64_t* keys, const float* rows, const int6
 
 // Moves every full slot of the old layout into the new one (distinct keys: no duplicates).
 __global__ void rehash_kernel(const int64_t* okeys, const int32_t* oocc, const float* orows,
-                              const int64_t* olu, const int64_t* ocnt, int64_t ocap,
-                              int64_t* nkeys, int32_t* nocc, float* nrows, int64_t* nlu,
-                              int64_t* ncnt, uint64_t nbuckets, int64_t width,
-                              unsigned long long* failed) {
+                              const int64_t* olu, const int64_t* ocnt, int64_t ocap, int64_t* nkeys,
+                              int32_t* nocc, float* nrows, int64_t* nlu, int64_t* ncnt,
+                              uint64_t nbuckets, int64_t width, unsigned long long* failed) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < ocap;
        i += int64_t(gridDim.x) * blockDim.x) {
     if (oocc[i] != kFull) continue;
@@ -297,8 +296,7 @@ struct GpuTable::Arrays {
   int64_t* count = nullptr;
   float* slot_init = nullptr;
 
-  Arrays(uint64_t b, int64_t width, const std::vector<float>& slot_init_host,
-         cudaStream_t stream)
+  Arrays(uint64_t b, int64_t width, const std::vector<float>& slot_init_host, cudaStream_t stream)
       : buckets(b), cap(static_cast<int64_t>(b) * kBucketSlots) {
     try {
       check(cudaMalloc(&keys, sizeof(int64_t) * cap), "allocating keys");
@@ -309,10 +307,10 @@ struct GpuTable::Arrays {
       if (!slot_init_host.empty()) {
         check(cudaMalloc(&slot_init, sizeof(float) * slot_init_host.size()),
               "allocating slot initial values");
-        check(cudaMemcpyAsync(slot_init, slot_init_host.data(),
-                              sizeof(float) * slot_init_host.size(), cudaMemcpyHostToDevice,
-                              stream),
-              "copying slot initial values");
+        check(
+            cudaMemcpyAsync(slot_init, slot_init_host.data(), sizeof(float) * slot_init_host.size(),
+                            cudaMemcpyHostToDevice, stream),
+            "copying slot initial values");
       }
       check(cudaMemsetAsync(occ, 0, sizeof(int32_t) * cap, stream), "clearing slot states");
     } catch (...) {
@@ -358,25 +356,25 @@ struct Dedup {
     Buffer<int64_t> num(1, stream, "dedup count");
     iota_kernel<<<blocks_for(n), kThreads, 0, stream>>>(pos.get(), n);
     size_t sort_bytes = 0, select_bytes = 0;
-    cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, sorted.get(), pos.get(),
-                                    order.get(), n, 0, 64, stream);
+    cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, keys, sorted.get(), pos.get(), order.get(),
+                                    n, 0, 64, stream);
     thrust::counting_iterator<int64_t> counting(0);
-    cub::DeviceSelect::Flagged(nullptr, select_bytes, counting, flags.get(), heads.get(),
-                               num.get(), n, stream);
+    cub::DeviceSelect::Flagged(nullptr, select_bytes, counting, flags.get(), heads.get(), num.get(),
+                               n, stream);
     Buffer<unsigned char> temp(static_cast<int64_t>(std::max(sort_bytes, select_bytes)), stream,
                                "dedup scratch");
     check(cub::DeviceRadixSort::SortPairs(temp.get(), sort_bytes, keys, sorted.get(), pos.get(),
                                           order.get(), n, 0, 64, stream),
           "sorting keys");
     head_flags_kernel<<<blocks_for(n), kThreads, 0, stream>>>(sorted.get(), n, flags.get());
-    check(cub::DeviceSelect::Flagged(temp.get(), select_bytes, counting, flags.get(),
-                                     heads.get(), num.get(), n, stream),
+    check(cub::DeviceSelect::Flagged(temp.get(), select_bytes, counting, flags.get(), heads.get(),
+                                     num.get(), n, stream),
           "selecting distinct keys");
     check(cudaMemcpyAsync(&count, num.get(), sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
           "reading the distinct key count");
     check(cudaStreamSynchronize(stream), "dedup");
-    unique_keys_kernel<<<blocks_for(count), kThreads, 0, stream>>>(sorted.get(), heads.get(),
-                                                                   count, ukeys.get());
+    unique_keys_kernel<<<blocks_for(count), kThreads, 0, stream>>>(sorted.get(), heads.get(), count,
+                                                                   ukeys.get());
   }
   Buffer<int64_t> sorted, order, heads, ukeys;
   int64_t count = 0;
@@ -423,12 +421,13 @@ GpuTable::~GpuTable() {
 
 void GpuTable::set_optimizer(const std::string& spec) {
   if (size_ != 0)
-    throw std::invalid_argument("GPU table: set_optimizer needs an empty table (rows would need "
-                                "slot columns)");
+    throw std::invalid_argument(
+        "GPU table: set_optimizer needs an empty table (rows would need "
+        "slot columns)");
   std::unique_ptr<Optimizer> opt = make_optimizer(spec);
   const int64_t w = dim_ * (1 + opt->num_slots());
-  std::unique_ptr<Arrays> fresh(new Arrays(num_buckets_, w, slot_initial_values(opt.get()),
-                                           nullptr));
+  std::unique_ptr<Arrays> fresh(
+      new Arrays(num_buckets_, w, slot_initial_values(opt.get()), nullptr));
   check(cudaDeviceSynchronize(), "set_optimizer");
   optimizer_ = std::move(opt);
   arrays_ = std::move(fresh);
@@ -571,8 +570,7 @@ void GpuTable::erase(const int64_t* keys, int64_t n, cudaStream_t stream) {
   Buffer<unsigned long long> counter(1, stream, "counter");
   check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
   locate(keys, n, slot.get(), stream);
-  erase_kernel<<<blocks_for(n), kThreads, 0, stream>>>(arrays_->occ, slot.get(), n,
-                                                       counter.get());
+  erase_kernel<<<blocks_for(n), kThreads, 0, stream>>>(arrays_->occ, slot.get(), n, counter.get());
   size_ -= read_counter(counter.get(), stream, "erase");
 }
 
@@ -602,8 +600,8 @@ int64_t GpuTable::export_rows(int64_t offset, int64_t limit, int64_t* keys, floa
   cub::DeviceSelect::Flagged(nullptr, bytes, counting, flags.get(), full.get(), num.get(), cap,
                              stream);
   Buffer<unsigned char> temp(static_cast<int64_t>(bytes), stream, "export scratch");
-  check(cub::DeviceSelect::Flagged(temp.get(), bytes, counting, flags.get(), full.get(),
-                                   num.get(), cap, stream),
+  check(cub::DeviceSelect::Flagged(temp.get(), bytes, counting, flags.get(), full.get(), num.get(),
+                                   cap, stream),
         "export");
   int64_t total = 0;
   check(cudaMemcpyAsync(&total, num.get(), sizeof(int64_t), cudaMemcpyDeviceToHost, stream),

@@ -162,18 +162,10 @@ class ImportOp : public OpKernel {
   bool clear_;
 };
 
-REGISTER_KERNEL_BUILDER(Name("DualembExport").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
-                        ExportOp);
-REGISTER_KERNEL_BUILDER(Name("DualembExport").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
-                        ExportOp);
-REGISTER_KERNEL_BUILDER(Name("DualembExport").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
-                        ExportOp);
-REGISTER_KERNEL_BUILDER(Name("DualembImport").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
-                        ImportOp);
-REGISTER_KERNEL_BUILDER(Name("DualembImport").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
-                        ImportOp);
-REGISTER_KERNEL_BUILDER(Name("DualembImport").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
-                        ImportOp);
+// One kernel per op, for every key dtype its Tkey attr allows (csrc/tf/ops.cc kKeyDtypeAttr):
+// no TypeConstraint, as no kernel is specialised by key dtype (they read it at run time).
+REGISTER_KERNEL_BUILDER(Name("DualembExport").Device(DEVICE_CPU), ExportOp);
+REGISTER_KERNEL_BUILDER(Name("DualembImport").Device(DEVICE_CPU), ImportOp);
 
 }  // namespace
 }  // namespace dualemb_tf

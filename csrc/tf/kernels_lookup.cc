@@ -146,49 +146,16 @@ class RowsWithKeyGradientOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override { ctx->set_output(0, ctx->input(1)); }
 };
 
-REGISTER_KERNEL_BUILDER(
-    Name("DualembRowsWithKeyGradient").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
-    RowsWithKeyGradientOp);
-REGISTER_KERNEL_BUILDER(
-    Name("DualembRowsWithKeyGradient").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
-    RowsWithKeyGradientOp);
-REGISTER_KERNEL_BUILDER(
-    Name("DualembRowsWithKeyGradient").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
-    RowsWithKeyGradientOp);
-REGISTER_KERNEL_BUILDER(Name("DualembFind").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
-                        FindOp);
-REGISTER_KERNEL_BUILDER(Name("DualembFind").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
-                        FindOp);
-REGISTER_KERNEL_BUILDER(Name("DualembFind").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
-                        FindOp);
-REGISTER_KERNEL_BUILDER(
-    Name("DualembInsertOrAssign").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
-    InsertOrAssignOp);
-REGISTER_KERNEL_BUILDER(
-    Name("DualembInsertOrAssign").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
-    InsertOrAssignOp);
-REGISTER_KERNEL_BUILDER(
-    Name("DualembInsertOrAssign").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
-    InsertOrAssignOp);
-REGISTER_KERNEL_BUILDER(Name("DualembAccum").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
-                        AccumOp<false>);
-REGISTER_KERNEL_BUILDER(Name("DualembAccum").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
-                        AccumOp<false>);
-REGISTER_KERNEL_BUILDER(Name("DualembAccum").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
-                        AccumOp<false>);
-REGISTER_KERNEL_BUILDER(
-    Name("DualembAccumRows").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"), AccumOp<true>);
-REGISTER_KERNEL_BUILDER(
-    Name("DualembAccumRows").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"), AccumOp<true>);
-REGISTER_KERNEL_BUILDER(
-    Name("DualembAccumRows").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
-    AccumOp<true>);
-REGISTER_KERNEL_BUILDER(Name("DualembErase").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
-                        EraseOp);
-REGISTER_KERNEL_BUILDER(Name("DualembErase").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
-                        EraseOp);
-REGISTER_KERNEL_BUILDER(Name("DualembErase").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
-                        EraseOp);
+// One kernel per op, for every key dtype its Tkey attr allows (csrc/tf/ops.cc kKeyDtypeAttr):
+// no TypeConstraint, as no kernel is specialised by key dtype (they read it at run time).
+REGISTER_KERNEL_BUILDER(Name("DualembRowsWithKeyGradient").Device(DEVICE_CPU),
+                        RowsWithKeyGradientOp);
+REGISTER_KERNEL_BUILDER(Name("DualembFind").Device(DEVICE_CPU), FindOp);
+REGISTER_KERNEL_BUILDER(Name("DualembInsertOrAssign").Device(DEVICE_CPU),
+                        InsertOrAssignOp);
+REGISTER_KERNEL_BUILDER(Name("DualembAccum").Device(DEVICE_CPU), AccumOp<false>);
+REGISTER_KERNEL_BUILDER(Name("DualembAccumRows").Device(DEVICE_CPU), AccumOp<true>);
+REGISTER_KERNEL_BUILDER(Name("DualembErase").Device(DEVICE_CPU), EraseOp);
 
 }  // namespace
 }  // namespace dualemb_tf

@@ -70,21 +70,11 @@ class RestrictOp : public OpKernel {
   int policy_;
 };
 
-REGISTER_KERNEL_BUILDER(
-    Name("DualembApplyGradients").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
-    ApplyGradientsOp);
-REGISTER_KERNEL_BUILDER(
-    Name("DualembApplyGradients").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
-    ApplyGradientsOp);
-REGISTER_KERNEL_BUILDER(
-    Name("DualembApplyGradients").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
-    ApplyGradientsOp);
-REGISTER_KERNEL_BUILDER(Name("DualembRestrict").Device(DEVICE_CPU).TypeConstraint<int32_t>("Tkey"),
-                        RestrictOp);
-REGISTER_KERNEL_BUILDER(Name("DualembRestrict").Device(DEVICE_CPU).TypeConstraint<int64_t>("Tkey"),
-                        RestrictOp);
-REGISTER_KERNEL_BUILDER(Name("DualembRestrict").Device(DEVICE_CPU).TypeConstraint<::tensorflow::tstring>("Tkey"),
-                        RestrictOp);
+// One kernel per op, for every key dtype its Tkey attr allows (csrc/tf/ops.cc kKeyDtypeAttr):
+// no TypeConstraint, as no kernel is specialised by key dtype (they read it at run time).
+REGISTER_KERNEL_BUILDER(Name("DualembApplyGradients").Device(DEVICE_CPU),
+                        ApplyGradientsOp);
+REGISTER_KERNEL_BUILDER(Name("DualembRestrict").Device(DEVICE_CPU), RestrictOp);
 
 }  // namespace
 }  // namespace dualemb_tf

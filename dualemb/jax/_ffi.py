@@ -58,8 +58,30 @@ if _FORCED not in ("", "0", "1"):
     raise ValueError(f"{HOST_CALLBACK_ENV} must be 0, 1 or unset, got {_FORCED!r}")
 
 
+# {target name: capsule}: the targets are listed once, in csrc/jax/ffi_handlers.h.
+_TARGETS = _ext.registrations()
+
+
+def _host_twins(targets) -> dict:
+    """{target: its host twin}; an ImportError if the targets and the twins are not the same
+    set (a native module built from other sources than this Python, or a target added on one
+    side only)."""
+    missing = sorted(set(targets) - set(_host.TWINS))
+    extra = sorted(set(_host.TWINS) - set(targets))
+    if missing or extra:
+        raise ImportError(
+            "dualemb._jax_ffi and dualemb/jax/_host.py disagree: FFI targets without a host "
+            f"twin {missing}, host twins without an FFI target {extra}. Every target of "
+            "csrc/jax/ffi_handlers.h needs an @twin function in _host.py; if the sources agree, "
+            "the native module is stale: rebuild it (tools/dev_build.sh, or pip install).")
+    return {name: _host.TWINS[name] for name in targets}
+
+
+_HOST_FNS = _host_twins(_TARGETS)
+
+
 def _register() -> None:
-    for name, capsule in _ext.registrations().items():
+    for name, capsule in _TARGETS.items():
         for platform in _PLATFORMS:
             jax.ffi.register_ffi_target(name, capsule, platform=platform)
 
@@ -75,18 +97,6 @@ def uses_host_callback() -> bool:
     if _FORCED:
         return _FORCED == "1"
     return jax.default_backend() not in _PLATFORMS
-
-
-_HOST_FNS = {
-    "dualemb_find": _host.find, "dualemb_size": _host.size, "dualemb_export": _host.export,
-    "dualemb_after": _host.after, "dualemb_unique": _host.unique,
-    "dualemb_exchange_check": _host.exchange_check,
-    "dualemb_find_or_insert": _host.find_or_insert,
-    "dualemb_insert_or_assign": _host.insert_or_assign,
-    "dualemb_insert_masked": _host.insert_masked, "dualemb_accum": _host.accum,
-    "dualemb_erase": _host.erase, "dualemb_apply_gradients": _host.apply_gradients,
-    "dualemb_apply_gradients_first": _host.apply_gradients_first,
-}
 
 
 def _call(target, results, *operands, has_side_effect=False, vmap_method=_VMAP):

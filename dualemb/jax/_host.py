@@ -160,6 +160,17 @@ def _step_count(step_code, what: str) -> int:
 # ---- the handlers ------------------------------------------------------------------------
 # Each takes the operands and ``outs``, the (shape, dtype) of every result (as XLA hands the
 # FFI handler its result buffers: under vmap they carry the batch axis), and returns the results.
+# ``@twin`` files it under its FFI target's name; ``dualemb.jax._ffi`` checks at import that the
+# twins are exactly the targets of ``dualemb._jax_ffi`` (listed once, in csrc/jax/ffi_handlers.h).
+
+TWINS: dict = {}  # {FFI target name "dualemb_<fn name>": fn}
+
+
+def twin(fn):
+    """Files ``fn`` as the host twin of the FFI target ``dualemb_<fn.__name__>``."""
+    TWINS["dualemb_" + fn.__name__] = fn
+    return fn
+
 
 def _empty(out, fill=0):
     shape, dtype = out
@@ -172,6 +183,7 @@ def _check_rows(rows: np.ndarray, n: int, dim: int, name: str = "rows"):
                                 f"x dim ({dim})")
 
 
+@twin
 def find(handle, version, keys, *, outs):
     tid, dim, _, k = _prepare(handle, keys)
     rows, exists = _empty(outs[0], 0), _empty(outs[1]).astype(np.uint8)
@@ -184,6 +196,7 @@ def find(handle, version, keys, *, outs):
     return rows, exists.view(bool)
 
 
+@twin
 def size(handle, version, *, outs):
     n = _core_call("size", _core.size, table_id(handle))
     shape, dtype = outs[0]
@@ -194,6 +207,7 @@ def size(handle, version, *, outs):
     return (np.full(shape, n, dtype),)
 
 
+@twin
 def export(handle, version, offset, *, outs):
     tid = table_id(handle)
     dim, kd, ns = _dims(tid)
@@ -226,11 +240,13 @@ def export(handle, version, offset, *, outs):
             np.full(cshape, n, np.int32))
 
 
+@twin
 def after(version, *values, outs):
     v = np.asarray(version, np.float32).reshape(-1)
     return (np.full(outs[0][0], v[0] if v.size else 0, np.float32),)
 
 
+@twin
 def unique(keys, *, outs):
     k = np.asarray(keys)
     flat = (np.ascontiguousarray(k).view(np.int64).reshape(-1) if k.dtype == np.uint32
@@ -251,6 +267,7 @@ def unique(keys, *, outs):
     return out.reshape(k.shape), inv, np.asarray(u.size, np.int32)
 
 
+@twin
 def exchange_check(needed, capacity, payload, *, outs):
     n, c = int(np.asarray(needed).reshape(())), int(np.asarray(capacity).reshape(()))
     if n > c:
@@ -265,6 +282,7 @@ def exchange_check(needed, capacity, payload, *, outs):
 
 # ---- writes (the next version token first) ---------------------------------------------------
 
+@twin
 def find_or_insert(handle, version, keys, *, outs):
     tid, dim, _, k = _prepare(handle, keys)
     rows, exists = _empty(outs[1]), _empty(outs[2]).astype(np.uint8)
@@ -276,12 +294,14 @@ def find_or_insert(handle, version, keys, *, outs):
     return _next_version(version, outs[0][0]), rows, exists.view(bool)
 
 
+@twin
 def insert_or_assign(handle, version, keys, values, *, outs):
     tid, _, _, k = _prepare(handle, keys, values, "rows")
     _core_call("insert_or_assign", _core.insert_or_assign, tid, k, _rows(tid, values, "rows"))
     return (_next_version(version, outs[0][0]),)
 
 
+@twin
 def insert_masked(handle, version, keys, values, mask, *, outs):
     tid, dim, _, k = _prepare(handle, keys, values, "rows")
     v = _rows(tid, values, "rows")
@@ -294,6 +314,7 @@ def insert_masked(handle, version, keys, values, mask, *, outs):
     return (_next_version(version, outs[0][0]),)
 
 
+@twin
 def accum(handle, version, keys, deltas, exists, *, outs):
     tid, _, _, k = _prepare(handle, keys, deltas, "deltas")
     e = np.asarray(exists, bool).reshape(-1)
@@ -304,6 +325,7 @@ def accum(handle, version, keys, deltas, exists, *, outs):
     return (_next_version(version, outs[0][0]),)
 
 
+@twin
 def erase(handle, version, keys, *, outs):
     tid, _, _, k = _prepare(handle, keys)
     _core_call("erase", _core.erase, tid, k)
@@ -314,6 +336,7 @@ def _lr(lr) -> float:
     return float(np.asarray(lr, np.float32).reshape(()))
 
 
+@twin
 def apply_gradients(handle, version, keys, grads, lr, step_code, *, outs):
     tid, _, _, k = _prepare(handle, keys, grads, "gradients")
     if np.size(lr) != 1 or np.size(step_code) != 2:
@@ -325,6 +348,7 @@ def apply_gradients(handle, version, keys, grads, lr, step_code, *, outs):
     return (_next_version(version, outs[0][0]),)
 
 
+@twin
 def apply_gradients_first(handle, version, keys, grads, lr, step_code, count, *, outs):
     tid, dim, _, k = _prepare(handle, keys, grads, "gradients")
     if np.size(lr) != 1 or np.size(step_code) != 2 or np.size(count) != 1:

@@ -31,7 +31,8 @@ Habits that would silently skip the tables fail loudly instead:
 * plain ``nnx.value_and_grad`` / ``nnx.grad`` (or ``jax.grad``) of a loss that uses an ``Embed``
   raises ``TypeError`` naming :func:`value_and_grad`: each ``Embed`` owns a zero scalar
   :class:`TableGradGuard` (an ``nnx.Param`` named ``dualemb_grad_guard``, so ``wrt=nnx.Param``
-  differentiates it) whose backward rule raises; :mod:`dualemb.interop` never exchanges it; the tables' own optimizers can only be reached through the row
+  differentiates it) whose backward rule raises; :mod:`dualemb.interop` never exchanges it;
+  the tables' own optimizers can only be reached through the row
   gradients this module's :func:`value_and_grad` returns.
 * ``ocp.StandardCheckpointer().save(path, nnx.state(model))`` (or a restore with such a target)
   raises ``ValueError`` saying to use ``dualemb.jax.orbax``: a table's leaves carry keys Orbax

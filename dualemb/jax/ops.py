@@ -97,7 +97,8 @@ def export(table: Table, limit: int, offset=0, *, with_slots: bool = False):
     Returns ``(ids, values [limit, dim], count)`` — or with ``with_slots`` ``(ids, values,
     slots [limit, num_slots, dim], count)`` — where only the first ``count`` entries are
     valid (the rest are zeros); values and slots are in the table's value dtype. ``ids`` are
-    int64 (x64), int32 (int32 tables), or an :class:`~dualemb.jax.ids.Ids`. ``limit`` (a non-negative int) is static; ``offset`` (a
+    int64 (x64), int32 (int32 tables), or an :class:`~dualemb.jax.ids.Ids`. ``limit`` (a
+    non-negative int) is static; ``offset`` (a
     non-negative int below 2**31) may be traced, and a negative traced offset fails when the
     call runs.
     """

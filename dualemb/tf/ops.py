@@ -7,16 +7,17 @@ Every other op is stateful and takes such a handle first (``TableShard.resource`
 device the handle names. Rows are shaped ``keys.shape + [dim]`` and have the table's value dtype
 (float32, float16, bfloat16, float64, int8, int32, int64: ``value_dtype`` arguments default to
 float32, and an op whose dtype differs from the table's raises); gradients and restrict scores are
-float32 whatever the value dtype. Keys must have the table's key dtype (int64 or int32). On bad input an op raises ``tf.errors.InvalidArgumentError``
-naming the problem, and the table is left unchanged.
+float32 whatever the value dtype. Keys must have the table's key dtype (int64, int32 or string).
+On bad input an op raises ``tf.errors.InvalidArgumentError`` naming the problem, and the table is
+left unchanged.
 
 Contract used by ``dualemb/tf/saving.py`` (checkpoints):
 
 ``table_handle(config, optimizer="", session_name="") -> resource``
     A fresh table from a core config string (JSON, ``{"dim": 8, "key_dtype": "int64", ...}``,
-    treated as opaque text); a non-empty optimizer spec string is attached. ``session_name`` is for graphs
-    run by a TF1 session (a SavedModel's own graph, which C++ loaders such as TF Serving run): the
-    table is then created once per session and freed when the session closes.
+    treated as opaque text); a non-empty optimizer spec string is attached. ``session_name`` is
+    for graphs run by a TF1 session (a SavedModel's own graph, which C++ loaders such as TF
+    Serving run): the table is then created once per session and freed when the session closes.
 ``attach_table(table_id) -> resource`` / ``table_id(handle) -> int64 scalar``
     Explicit sharing with ``dualemb.core`` / ``dualemb.jax`` in one process: a handle to an
     existing core table (keeping it alive while the handle lives), and the core id of a handle.
@@ -24,13 +25,14 @@ Contract used by ``dualemb/tf/saving.py`` (checkpoints):
 -> dict``
     Rows ``[offset, offset + limit)`` of the table's iteration order (``limit < 0``: all rows
     from offset): ``{"keys": [n] key_dtype, "values": [n, dim], "slots": [n, num_slots, dim]
-    (both value_dtype), "last_update": [n] i64, "update_count": [n] i64}``. The order is stable while the table
-    is not modified, so paging with offset/limit is consistent.
+    (both value_dtype), "last_update": [n] i64, "update_count": [n] i64}``. The order is stable
+    while the table is not modified, so paging with offset/limit is consistent.
 ``import_table(handle, keys, values, slots=None, last_update=None, update_count=None,
 clear=False) -> evicted (int64 scalar)``
-    Inserts or overwrites rows (values and slots in the table's value dtype); ``slots`` must be ``[n, num_slots, dim]`` of the attached
-    optimizer (None: new rows get the optimizer's initial slots); None metadata is left out.
-    ``clear=True`` empties the table first (restore = replace, not merge).
+    Inserts or overwrites rows (values and slots in the table's value dtype); ``slots`` must be
+    ``[n, num_slots, dim]`` of the attached optimizer (None: new rows get the optimizer's initial
+    slots); None metadata is left out. ``clear=True`` empties the table first (restore = replace,
+    not merge).
 ``clear_table(handle)``; ``table_size(handle) -> int64``; ``describe(handle) -> string``
     (config ``|`` optimizer spec); ``get_clock(handle)`` / ``set_clock(handle, clock)`` (the
     logical clock stamped into ``last_update``); ``set_optimizer(handle, spec,
@@ -43,16 +45,23 @@ Others: ``find``, ``find_or_insert``, ``insert_or_assign``, ``accum``, ``erase``
 from __future__ import annotations
 
 import tensorflow as tf
+from tensorflow.python.framework import op_def_registry
 
 from dualemb.tf._load import load_ops
 
 _ops = load_ops()
 
-# Table ops have no gradient of their own (training goes through dualemb/tf/trainable.py).
-for _name in ("DualembTableHandle", "DualembTableAttach", "DualembTableId", "DualembFind", "DualembInsertOrAssign", "DualembAccum",
-              "DualembErase", "DualembClear", "DualembSize", "DualembApplyGradients",
-              "DualembRestrict", "DualembExport", "DualembImport", "DualembSetOptimizer",
-              "DualembDescribe", "DualembGetClock", "DualembSetClock", "DualembBuildInfo"):
+# The op library's own list of its ops (every REGISTER_OP of csrc/tf/ops.cc): the loaded module
+# holds each op's raw form under the op's name (all of them Dualemb*).
+OP_NAMES = tuple(sorted(n for n in dir(_ops)
+                        if n.startswith("Dualemb") and op_def_registry.get(n) is not None))
+# The ops with a gradient, registered where it is defined (dualemb/tf/trainable.py). Every other
+# op gets tf.no_gradient: training goes through the fused optimizer, never through a table op.
+OPS_WITH_GRADIENT = frozenset({"DualembRowsWithKeyGradient"})
+
+for _name in OP_NAMES:
+    if _name in OPS_WITH_GRADIENT:
+        continue
     try:
         tf.no_gradient(_name)
     except KeyError:  # already registered (module reloaded)

@@ -22,7 +22,6 @@ import re
 import weakref
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from dualemb.tf import ops, weights_snapshot

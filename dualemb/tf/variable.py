@@ -18,7 +18,8 @@ listed in ``dualemb/tf/saving.py``) and anything else that saves or inspects a V
   handles for ops built now (in the graph a SavedModel's TF1 saver is built in, the handles TF
   made there).
 - ``var.dim`` (int), ``var.key_dtype`` / ``var.value_dtype`` (``tf.DType``; each core table stores
-  its rows and optimizer slots in ``value_dtype``, see ``dualemb/core/value_dtypes.py``), ``var.name`` (str), ``var.checkpoint`` (bool: save
+  its rows and optimizer slots in ``value_dtype``, see ``dualemb/core/value_dtypes.py``),
+  ``var.name`` (str), ``var.checkpoint`` (bool: save
   it or not), ``var.initializer_spec`` (core initializer dict), ``var.optimizer_spec`` (the fused
   optimizer spec dict attached by ``DynamicEmbeddingOptimizer``, or None), ``var.partition_fn`` and
   ``var.shard_num``. Key routing: ``var.partition_fn(keys, var.shard_num)`` -> int32 shard index

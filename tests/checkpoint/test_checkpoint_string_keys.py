@@ -1,7 +1,6 @@
 """String-keyed tables in the common checkpoint format: round trip, the on-disk encoding read
 with numpy alone, and refusal of int <-> string mismatches."""
 
-import os
 
 import numpy as np
 import pytest

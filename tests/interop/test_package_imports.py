@@ -23,7 +23,6 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-import pytest
 
 from _paths import ROOT
 PACKAGE = ROOT / "dualemb"

@@ -7,7 +7,7 @@ import optax
 import pytest
 
 import dualemb.jax as dej
-from test_jax_optimizers import DIM, KEYS, STEPS, _batches, _train_dense, _train_table
+from test_jax_optimizers import DIM, KEYS, _train_dense, _train_table
 
 LR = 0.02
 

@@ -5,7 +5,6 @@ restores the tables of the best epoch along with the dense weights."""
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import dualemb.tf as de
 

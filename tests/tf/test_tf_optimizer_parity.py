@@ -12,11 +12,9 @@ applies nonlinear optimizer math per occurrence (Adam's second moment gets the s
 per-occurrence gradients instead of the square of their sum); dualemb sums duplicates first.
 """
 
-
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import dualemb.tf as de
 from dense_reference import dense_reference

@@ -306,7 +306,8 @@ def test_keras_weight_files_keep_the_value_dtype(tmp_path, value_dtype):
     assert_exact(emb.params.lookup(keys).numpy(), rows)
 
 
-# Defaults that float32 cannot hold: 2**24 + 1 (int32), 2**40 + 1 (int64), 0.1 (float64). Each must reach the table as given, whatever form the initializer takes.
+# Defaults that float32 cannot hold: 2**24 + 1 (int32), 2**40 + 1 (int64), 0.1 (float64). Each
+# must reach the table as given, whatever form the initializer takes.
 EXACT_DEFAULTS = [
     ("int32", [2**24 + 1, -(2**31), 2**31 - 1]),
     ("int64", [2**40 + 1, -(2**52) - 3, 7]),

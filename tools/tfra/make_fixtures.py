@@ -22,7 +22,8 @@ every table right after saving, so the tests can compare the importer's rows bit
   keras_save_weights/  a Keras model with `de.keras.layers.Embedding` (2 shards) trained with
                      `model.fit` and saved with `model.save_weights` (default, in-checkpoint saver).
   keras_fs_saver/    the same model with
-                     `kv_creator=CuckooHashTableCreator(saver=FileSystemSaver())`, saved with `de.train.Checkpoint`: the TF checkpoint holds only
+                     `kv_creator=CuckooHashTableCreator(saver=FileSystemSaver())`, saved with
+                     `de.train.Checkpoint`: the TF checkpoint holds only
                      `shard_upsert_restore` flags; rows are in `TFRADynamicEmbedding-<step>/`.
   file_system/       `Variable.save_to_file_system(dir)` of the tf2_checkpoint variable and of its
                      two slot variables (raw `<name>_mht_<i>of<N>_rank0_size1-keys|-values` files).

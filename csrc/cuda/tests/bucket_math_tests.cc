@@ -12,13 +12,13 @@
 
 namespace g = dualemb::gpu;
 
-#define BCHECK(cond)                                                              \
-  do {                                                                            \
-    ++*checks;                                                                    \
-    if (!(cond)) {                                                                \
+#define BCHECK(cond)                                                                \
+  do {                                                                              \
+    ++*checks;                                                                      \
+    if (!(cond)) {                                                                  \
       std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++*failures;                                                                \
-    }                                                                             \
+      ++*failures;                                                                  \
+    }                                                                               \
   } while (0)
 
 static void probe_tests(int* checks, int* failures) {

@@ -22,15 +22,15 @@
 
 static int g_failures = 0;
 static int g_checks = 0;
-#define CHECK(cond, ...)                                      \
-  do {                                                        \
-    ++g_checks;                                               \
-    if (!(cond)) {                                            \
+#define CHECK(cond, ...)                                                            \
+  do {                                                                              \
+    ++g_checks;                                                                     \
+    if (!(cond)) {                                                                  \
       std::fprintf(stderr, "%s:%d: CHECK failed: %s: ", __FILE__, __LINE__, #cond); \
-      std::fprintf(stderr, __VA_ARGS__);                      \
-      std::fprintf(stderr, "\n");                             \
-      ++g_failures;                                           \
-    }                                                         \
+      std::fprintf(stderr, __VA_ARGS__);                                            \
+      std::fprintf(stderr, "\n");                                                   \
+      ++g_failures;                                                                 \
+    }                                                                               \
   } while (0)
 
 namespace {
