@@ -38,6 +38,19 @@ def initial_slots(params) -> np.ndarray:
         probe.destroy()
 
 
+def positions_in(table_keys, keys):
+    """For each of ``keys`` [m], its position in ``table_keys`` [n] (distinct keys), or -1.
+
+    By ``tf.unique`` over both (not sorting, which TF has no kernel for on strings): the table's
+    keys get distinct unique ids, and a query key shares its id with the equal table key, if any.
+    Exact for every key dtype (string keys compared by their bytes)."""
+    n = tf.size(table_keys)
+    unique, index = tf.unique(tf.concat([table_keys, keys], 0), out_idx=tf.int32)
+    # position + 1 per unique id, 0 for ids only queries have
+    plus_one = tf.scatter_nd(index[:n, None], tf.range(1, n + 1), tf.shape(unique))
+    return tf.gather(plus_one, index[n:]) - 1
+
+
 class SlotVariable:
     """One optimizer slot of a Variable: ``export()``, ``lookup(keys)``, ``size()``."""
 
@@ -82,15 +95,10 @@ class SlotVariable:
         all_keys = tf.concat([k for k, _ in pages], 0)
         all_values = tf.concat([v for _, v in pages], 0)
         default = tf.constant(initial_slots(self.params)[self.index])[None]
-        order = tf.argsort(all_keys)
-        sorted_keys = tf.gather(all_keys, order)
-        sorted_values = tf.gather(all_values, order)
         flat = tf.reshape(keys, [-1])
-        pos = tf.searchsorted(sorted_keys, flat)
-        padded_keys = tf.concat([sorted_keys, tf.zeros([1], sorted_keys.dtype)], 0)
-        padded_values = tf.concat([sorted_values, default], 0)
-        found = tf.logical_and(pos < tf.size(sorted_keys), tf.gather(padded_keys, pos) == flat)
-        rows = tf.where(found[:, None], tf.gather(padded_values, pos), default)
+        pos = positions_in(all_keys, flat)
+        padded_values = tf.concat([all_values, default], 0)  # row n: absent keys' slot
+        rows = tf.gather(padded_values, tf.where(pos < 0, tf.size(all_keys), pos))
         return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], 0))
 
     def __repr__(self) -> str:
