@@ -10,9 +10,10 @@ every row carries slots, and a row written by ``upsert`` (or inserted by a looku
 optimizer's *initial* slots. The core records no "written by the optimizer" bit (an optimizer step
 and an upsert both stamp ``last_update`` and bump ``update_count``), so ``export()`` and ``size()``
 show the rows whose slots differ from the optimizer's initial slots — exactly the rows an optimizer
-step has changed. The one difference from TFRA: a key whose every step had an all-zero gradient
-keeps its initial slots (Adam's m = v = 0, for instance) and is not shown, where TFRA would hold a
-row equal to the initial value. ``lookup(keys)`` reads any row's slots (the initial slots for rows
+step has changed. The one difference from TFRA: a trained key whose slots never moved is not
+shown, where TFRA would hold it: one whose every gradient was zero (Adam's m = v = 0, for
+instance), or whose gradients were so small that their effect on the slots vanished in rounding
+(Adagrad: g^2 below half an ulp of the accumulator), though its row moved. ``lookup(keys)`` reads any row's slots (the initial slots for rows
 never trained, and for absent keys, which is what TFRA's slot lookup returns for a missing key).
 """
 
