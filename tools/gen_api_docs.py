@@ -69,7 +69,7 @@ DOCS_API = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file_
 
 def generate(out_dir: str = DOCS_API) -> list[str]:
     """Writes the pages into ``out_dir``; returns the modules skipped (their framework missing).
-    tests/test_style.py generates into a temporary directory and compares with docs/api/."""
+    tests/repo/test_style.py generates into a temporary directory and compares with docs/api/."""
     skipped = []
     os.makedirs(out_dir, exist_ok=True)
     for page, modules in MODULES.items():

@@ -6,7 +6,7 @@
 // without a native handler). Everything else is generated from this list: the declarations
 // below, the {target: capsule} dict of module.cc, and through that dict the targets that
 // dualemb/jax/_ffi.py registers with JAX and pairs with their twins (an import error names a
-// target without a twin, or a twin without a target). tests/test_op_lists.py checks that the
+// target without a twin, or a twin without a target). tests/repo/test_op_lists.py checks that the
 // symbols defined in ffi_*.cc are exactly this list.
 //
 // Adding a target: its handler in ffi_<concern>.cc, its entry here, its twin in _host.py

@@ -1,6 +1,6 @@
 // C++ unit tests of libdualemb_core through its C ABI only (what every front end uses). Built
 // with -DDUALEMB_BUILD_TESTS=ON, and with -DDUALEMB_SANITIZE=ON under ASan + UBSan
-// (tests/test_sanitizers.py runs it that way).
+// (tests/core/test_sanitizers.py runs it that way).
 #include <atomic>
 #include <cmath>
 #include <cstdio>

@@ -1,4 +1,4 @@
-// C ABI tests of string keys (DE_KEY_STRING), run under ASan + UBSan by tests/test_sanitizers.py.
+// C ABI tests of string keys (DE_KEY_STRING), run under ASan + UBSan by tests/core/test_sanitizers.py.
 // Forced collisions: de_testing_string_id_bits(1) leaves two base ids, so most strings probe.
 #include <cstdio>
 #include <cstring>

@@ -1,5 +1,5 @@
 // C ABI tests of string values (DE_VALUE_STRING), run under ASan + UBSan by
-// tests/test_sanitizers.py: the pool's handles are freed and reused across writes, erase,
+// tests/core/test_sanitizers.py: the pool's handles are freed and reused across writes, erase,
 // restrict and capacity evictions, so a stale handle would read freed memory here.
 #include <cstdio>
 #include <cstring>

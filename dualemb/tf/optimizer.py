@@ -258,9 +258,11 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
     def apply(self, grads, trainable_variables=None, step=None):
         """Applies one step. ``step`` (1-based int64 scalar, optional): the step number the fused
         embedding update uses (bias corrections, learning-rate schedules) instead of
-        ``iterations + 1``. Under ``ParameterServerStrategy`` it is required for embedding
-        gradients: workers' increments of ``iterations`` race and get lost, so the coordinator
-        passes each scheduled step its number (see docs/scaling_tf.md)."""
+        ``iterations + 1``. Without it, ``iterations`` is read as Keras reads it for the dense
+        weights, also under ``ParameterServerStrategy``: exact with one worker (its steps run one
+        after another), approximate with several, whose steps read and increment ``iterations``
+        concurrently (increments get lost); there the coordinator passes each scheduled step its
+        number to be exact (see docs/scaling_tf.md)."""
         if trainable_variables is None:
             if not self.built:
                 raise ValueError("DynamicEmbeddingOptimizer: pass the variables with the "
@@ -292,12 +294,6 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
         for group in groups:
             group.finish()
 
-        if groups and step is None and _under_parameter_server_strategy():
-            raise ValueError(
-                "DynamicEmbeddingOptimizer under ParameterServerStrategy needs the step number: "
-                "call optimizer.apply(grads, variables, step=step) with a step passed to the "
-                "scheduled function by the coordinator (workers' updates of `iterations` race "
-                "and lose increments, so it cannot be read as the step)")
         if not self.dynamic_loss_scale:
             self._step(groups, dense_grads, dense_vars, self.inner_optimizer.loss_scale_factor,
                        step)
@@ -391,11 +387,6 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
             wd = tf.constant(optimizer_specs.weight_decay_of(inner), tf.float32)
             row_update.decay_rows(params, group.keys, wd, learning_rate)
         row_update.fused_step(group, learning_rate, step)
-
-
-def _under_parameter_server_strategy() -> bool:
-    strategy = tf.distribute.get_strategy() if tf.distribute.has_strategy() else None
-    return bool(getattr(strategy, "_is_parameter_server_strategy_v2", False))
 
 
 def _check_wrappable(optimizer) -> None:

@@ -12,22 +12,26 @@ unused; the score of a key is the core's per-row metadata of the status table:
 - ``FrequencyRestrictPolicy``: ``update_count``, the number of ``apply_update`` calls that saw the
   key. ``apply_update`` writes the batch's *unique* ids, so ids ``[[1, 2], [3, 3]]`` count each of
   1, 2, 3 once, as in TFRA.
-- ``TimestampRestrictPolicy``: ``last_update``, the status table's logical clock (one tick per
-  ``apply_update``; the shards' clocks are aligned first, so stamps are comparable across shards)
-  instead of TFRA's wall-clock seconds: later updates always stamp higher, with no ties within a
-  second.
+- ``TimestampRestrictPolicy``: the wall-clock time of the last ``apply_update`` that saw the key,
+  which the status shows in whole seconds since the epoch, as TFRA's (``int32(tf.timestamp())``).
+  It is the status table's ``last_update``, in microseconds: before each ``apply_update`` the
+  status shards' clocks are moved up to the current time (never back), and a write stamps the
+  clock's next tick. So the restriction can tell apart two updates within one second (TFRA's
+  one-second stamps tie there, and its ``top_k`` then drops either): a later ``apply_update``
+  always ranks newer.
 
 Only ``apply_update`` changes the status (not ``upsert`` or lookups), as in TFRA.
 ``DynamicEmbeddingOptimizer`` calls ``apply_update`` with the gradient's ids on every step; without
 an optimizer, call it yourself.
 
-**Restriction.** ``var.restrict(num_reserved, trigger=...)`` calls ``apply_restriction``: when
-``var.size() > trigger`` (default ``num_reserved``), each of the N shards keeps ``num_reserved / N``
-keys (the remainder goes to the first shards; TFRA drops it): the status keys with the best scores
-(equal scores: the smaller key first). The other status keys are erased from the Variable (with
-their slots) and from the status. Keys of the Variable that have no status (written by ``upsert``
-only) rank below every scored key and are evicted first when the shard is still over its share
-(TFRA never evicts them, so its Variable can stay above ``num_reserved``).
+**Restriction.** ``var.restrict(num_reserved, trigger=...)`` calls ``apply_restriction``, which
+follows TFRA's: when ``var.size() > trigger`` (default ``num_reserved``), each of the N shards keeps
+``num_reserved / N`` of its *status* keys (the remainder goes to the first shards; TFRA drops it),
+those with the best scores (equal scores: the smaller key first, string keys by their
+fingerprint; TFRA's ``top_k`` picks among ties by export order). The other status keys are erased
+from the Variable (with their slots) and from the status. Keys of the Variable that have no status
+(written by ``upsert`` only, never seen by ``apply_update``) are never removed, as in TFRA, so the
+Variable can stay above ``num_reserved``.
 
 ``policy.status`` reads the statistics: ``export()`` -> (keys, scores int64), ``size()`` (status
 keys), ``lookup(keys)`` (0 for keys without status); TFRA's attribute names for it,
@@ -39,21 +43,24 @@ from __future__ import annotations
 import tensorflow as tf
 
 from dualemb.tf import ops
+from dualemb.tf.slots import positions_in
 
 
 class PolicyStatus:
     """Read-only view of the per-key scores a policy restricts by."""
 
-    def __init__(self, status_var, field: str):
+    def __init__(self, status_var, field: str, unit: int = 1):
         self._status = status_var
         self._field = field  # "last_update" or "update_count"
+        self._unit = unit  # the status shows field // unit (microseconds -> seconds)
 
     def export(self):
         keys, scores = [], []
         for shard in self._status.tables:
             page = ops.export_table(shard.resource, self._status.key_dtype, 1)
             keys.append(page["keys"])
-            scores.append(page[self._field])
+            scores.append(page[self._field] // self._unit if self._unit != 1
+                          else page[self._field])
         return tf.concat(keys, 0), tf.concat(scores, 0)
 
     def size(self, index=None):
@@ -63,22 +70,19 @@ class PolicyStatus:
         """Scores of ``keys`` (any shape); 0 for keys without status."""
         keys = tf.convert_to_tensor(keys, self._status.key_dtype)
         all_keys, all_scores = self.export()
-        order = tf.argsort(all_keys)
-        sorted_keys = tf.gather(all_keys, order)
-        sorted_scores = tf.gather(all_scores, order)
-        flat = tf.reshape(keys, [-1])
-        pos = tf.searchsorted(sorted_keys, flat)  # in [0, n]; n means "past the end"
-        padded_keys = tf.concat([sorted_keys, tf.zeros([1], sorted_keys.dtype)], 0)
-        padded_scores = tf.concat([sorted_scores, tf.zeros([1], tf.int64)], 0)
-        found = tf.logical_and(pos < tf.size(sorted_keys), tf.gather(padded_keys, pos) == flat)
-        got = tf.where(found, tf.gather(padded_scores, pos), tf.zeros_like(flat, tf.int64))
+        pos = positions_in(all_keys, tf.reshape(keys, [-1]))
+        padded_scores = tf.concat([all_scores, tf.zeros([1], tf.int64)], 0)  # n: no status
+        got = tf.gather(padded_scores, tf.where(pos < 0, tf.size(all_keys), pos))
         return tf.reshape(got, tf.shape(keys))
 
 
 def _ranked_keys(keys, scores):
     """``keys`` best first: higher score first, the smaller key first among equal scores (the
-    core's own tie rule)."""
-    by_key = tf.argsort(keys, stable=True)
+    core's own tie rule; string keys, which TF cannot sort, by their fingerprint)."""
+    order_keys = keys
+    if keys.dtype == tf.string:
+        order_keys = tf.strings.to_hash_bucket_fast(keys, 2 ** 63 - 1)
+    by_key = tf.argsort(order_keys, stable=True)
     by_score = tf.argsort(tf.gather(scores, by_key), direction="DESCENDING", stable=True)
     return tf.gather(keys, tf.gather(by_key, by_score))
 
@@ -88,6 +92,7 @@ class RestrictPolicy:
 
     _kind = None
     _field = None
+    _unit = 1  # the status shows the score // _unit
 
     def __init__(self, var):
         if not callable(getattr(var, "_status_variable", None)):  # not a dualemb Variable
@@ -104,14 +109,21 @@ class RestrictPolicy:
         keys, _ = tf.unique(tf.reshape(tf.cast(ids, status.key_dtype), [-1]))
         shards = status.tables
         deps = []
-        if len(shards) > 1:
-            # One clock for all shards, so last_update orders updates across shards too.
-            clock = tf.reduce_max(tf.stack([ops.get_clock(s.resource) for s in shards]))
+        floor = self._clock_floor()
+        if len(shards) > 1 or floor is not None:
+            # One clock for all shards, so last_update orders updates across shards too; never
+            # below the floor (the write stamps the clock's next tick).
+            clocks = [ops.get_clock(s.resource) for s in shards]
+            clock = tf.reduce_max(tf.stack(clocks + ([] if floor is None else [floor])))
             deps = [ops.set_clock(s.resource, clock) for s in shards]
         with tf.control_dependencies(deps):
             zeros = tf.zeros([tf.size(keys), 1], tf.float32)
             evicted = status._write_flat(ops.insert_or_assign, keys, zeros)
         return evicted[0] if len(evicted) == 1 else tf.add_n(evicted)
+
+    def _clock_floor(self):
+        """The least clock the status shards get before an update's write, or None."""
+        return None
 
     def apply_restriction(self, num_reserved, **kwargs):
         """Restricts the variable to about ``num_reserved`` keys when its size exceeds
@@ -136,15 +148,11 @@ class RestrictPolicy:
                 keep = reserved // n + tf.cast(tf.cast(i, tf.int64) < reserved % n, tf.int64)
                 page = ops.export_table(status.resource, key_dtype, 1)
                 ranked = _ranked_keys(page["keys"], page[self._field])
-                kept, dropped = ranked[:keep], ranked[keep:]
+                dropped = ranked[keep:]  # rows without status are kept, as TFRA's
                 before = ops.table_size(table.resource)
                 with tf.control_dependencies([before]):
                     erased = [ops.erase(table.resource, dropped), ops.erase(status.resource, dropped)]
                 with tf.control_dependencies(erased):
-                    # Rows without status (scored -inf) go first if the shard is still too big.
-                    ones = tf.ones(tf.shape(kept), tf.float32)
-                    done = ops.restrict(table.resource, keep, "custom", kept, ones, key_dtype)
-                with tf.control_dependencies([done]):
                     removed.append(before - ops.table_size(table.resource))
             return tf.add_n(removed)
 
@@ -156,14 +164,19 @@ class RestrictPolicy:
 
     @property
     def status(self) -> PolicyStatus:
-        return PolicyStatus(self.status_variable, self._field)
+        return PolicyStatus(self.status_variable, self._field, self._unit)
 
 
 class TimestampRestrictPolicy(RestrictPolicy):
     """Keeps the most recently updated keys."""
 
     _kind = "timestamp"
-    _field = "last_update"
+    _field = "last_update"  # microseconds since the epoch (see the module docstring)
+    _unit = 1_000_000  # the status shows seconds, as TFRA's
+
+    def _clock_floor(self):
+        # The clock before the write: its tick stamps the current microsecond or later.
+        return tf.cast(tf.timestamp() * 1e6, tf.int64) - 1
 
     @property
     def tstp_var(self) -> PolicyStatus:

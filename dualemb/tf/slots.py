@@ -10,10 +10,11 @@ every row carries slots, and a row written by ``upsert`` (or inserted by a looku
 optimizer's *initial* slots. The core records no "written by the optimizer" bit (an optimizer step
 and an upsert both stamp ``last_update`` and bump ``update_count``), so ``export()`` and ``size()``
 show the rows whose slots differ from the optimizer's initial slots — exactly the rows an optimizer
-step has changed. The one difference from TFRA: a key whose every step had an all-zero gradient
-keeps its initial slots (Adam's m = v = 0, for instance) and is not shown, where TFRA would hold a
-row equal to the initial value. ``lookup(keys)`` reads any row's slots (the initial slots for rows
-never trained, and for absent keys, which is what TFRA's slot lookup returns for a missing key).
+step has changed. The one difference from TFRA: a trained key whose slots never moved is not
+shown, where TFRA would hold it: one whose every gradient was zero (Adam's m = v = 0, for
+instance), or whose gradients were so small that their effect on the slots vanished in rounding
+(Adagrad: g^2 below half an ulp of the accumulator), though its row moved. ``lookup(keys)`` reads any row's slots (the initial slots for
+rows never trained, and for absent keys, which is what TFRA's slot lookup returns for a missing key).
 """
 
 from __future__ import annotations
@@ -36,6 +37,19 @@ def initial_slots(params) -> np.ndarray:
         return probe.export()["slots"][0]
     finally:
         probe.destroy()
+
+
+def positions_in(table_keys, keys):
+    """For each of ``keys`` [m], its position in ``table_keys`` [n] (distinct keys), or -1.
+
+    By ``tf.unique`` over both (not sorting, which TF has no kernel for on strings): the table's
+    keys get distinct unique ids, and a query key shares its id with the equal table key, if any.
+    Exact for every key dtype (string keys compared by their bytes)."""
+    n = tf.size(table_keys)
+    unique, index = tf.unique(tf.concat([table_keys, keys], 0), out_idx=tf.int32)
+    # position + 1 per unique id, 0 for ids only queries have
+    plus_one = tf.scatter_nd(index[:n, None], tf.range(1, n + 1), tf.shape(unique))
+    return tf.gather(plus_one, index[n:]) - 1
 
 
 class SlotVariable:
@@ -82,15 +96,10 @@ class SlotVariable:
         all_keys = tf.concat([k for k, _ in pages], 0)
         all_values = tf.concat([v for _, v in pages], 0)
         default = tf.constant(initial_slots(self.params)[self.index])[None]
-        order = tf.argsort(all_keys)
-        sorted_keys = tf.gather(all_keys, order)
-        sorted_values = tf.gather(all_values, order)
         flat = tf.reshape(keys, [-1])
-        pos = tf.searchsorted(sorted_keys, flat)
-        padded_keys = tf.concat([sorted_keys, tf.zeros([1], sorted_keys.dtype)], 0)
-        padded_values = tf.concat([sorted_values, default], 0)
-        found = tf.logical_and(pos < tf.size(sorted_keys), tf.gather(padded_keys, pos) == flat)
-        rows = tf.where(found[:, None], tf.gather(padded_values, pos), default)
+        pos = positions_in(all_keys, flat)
+        padded_values = tf.concat([all_values, default], 0)  # row n: absent keys' slot
+        rows = tf.gather(padded_values, tf.where(pos < 0, tf.size(all_keys), pos))
         return tf.reshape(rows, tf.concat([tf.shape(keys), [self.dim]], 0))
 
     def __repr__(self) -> str:

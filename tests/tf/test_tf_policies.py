@@ -1,6 +1,7 @@
 """Restrict policies' status (TFRA's restrict_policies semantics) and optimizer slot views,
 against independent dict / numpy references."""
 
+import time
 
 import keras
 import numpy as np
@@ -8,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 import dualemb.tf as de
+from dualemb.tf import ops
 
 _counter = [0]
 
@@ -100,15 +102,49 @@ def test_frequency_status_matches_reference(shards, in_function):
     assert _status(v.restrict_policy) == _reference_counts(batches)
 
 
+def _raw_stamps(policy):
+    """key -> the status table's last_update (microseconds), over every status shard."""
+    out = {}
+    for shard in policy.status_variable.tables:
+        page = ops.export_table(shard.resource, tf.int64, 1)
+        out.update(zip(page["keys"].numpy().tolist(), page["last_update"].numpy().tolist()))
+    return out
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+@pytest.mark.parametrize("in_function", [False, True])
+def test_timestamp_status_holds_wall_clock_seconds(shards, in_function):
+    """TFRA's status holds int32(tf.timestamp()) of a key's last update: seconds since the
+    epoch. Reference: Python's clock read around each update."""
+    v = _var(shards, restrict_policy=de.TimestampRestrictPolicy)
+    update = v.restrict_policy.apply_update
+    if in_function:
+        update = tf.function(update)
+    window = {}
+    for ids in ([1, 2, 3], [3, 4], [5]):
+        before = time.time()
+        update(tf.constant(ids, tf.int64))
+        after = time.time()
+        window.update({k: (before, after) for k in ids})
+    stamps = _status(v.restrict_policy)
+    assert set(stamps) == set(window)
+    for k, (before, after) in window.items():
+        assert int(before) <= stamps[k] <= int(after), (k, stamps[k], before, after)
+    looked_up = v.restrict_policy.tstp_var.lookup(tf.constant([[5, 1], [9, 4]], tf.int64))
+    np.testing.assert_array_equal(looked_up.numpy(), [[stamps[5], stamps[1]], [0, stamps[4]]])
+
+
 @pytest.mark.parametrize("shards", [1, 3])
 def test_timestamp_order_follows_update_order(shards):
+    """Within one second too: the raw stamps (microseconds, the clock moved to the wall clock
+    before each update) order keys exactly as their last updates, across shards."""
     v = _var(shards, restrict_policy=de.TimestampRestrictPolicy)
     batches = _batches(2)
     for b in batches:
         v.restrict_policy.apply_update(tf.constant(b, tf.int64))
-    stamps, last = _status(v.restrict_policy), _reference_last(batches)
+    stamps, last = _raw_stamps(v.restrict_policy), _reference_last(batches)
     assert set(stamps) == set(last)
-    for a in last:  # across shards too: stamps order exactly as the batches did
+    for a in last:
         for b in last:
             assert (stamps[a] < stamps[b]) == (last[a] < last[b])
             assert (stamps[a] == stamps[b]) == (last[a] == last[b])
@@ -139,12 +175,60 @@ def test_restriction_without_optimizer_keeps_best_keys(policy, shards):
     assert set(_status(v.restrict_policy)) == expected
 
 
-def test_keys_without_status_are_evicted_first():
-    v = _var(restrict_policy=de.FrequencyRestrictPolicy)
-    v.upsert(tf.constant([1, 2, 3, 4], tf.int64), tf.ones([4, 2]))
-    v.restrict_policy.apply_update(tf.constant([4, 3], tf.int64))
-    v.restrict(3)
-    assert sorted(v.export()[0].numpy().tolist()) == [1, 3, 4]  # unscored: the smaller key
+def _tfra_restrict(var_keys, status, shards, residue, partition=de.default_partition_fn):
+    """TFRA 0.8.1's restriction (restrict_policies.py, _cond_apply_restriction), in numpy: when
+    the Variable holds more than ``residue`` keys, each shard removes its
+    ``len(status keys) - int(residue / shards)`` lowest-scored *status* keys (top_k of -score);
+    keys without status are never removed. ``status``: key -> score (distinct scores, so
+    top_k's choice among ties does not arise). Returns the keys it removes (from the Variable
+    and the status)."""
+    if len(var_keys) <= residue:
+        return set()
+    keys = np.array(sorted(status), np.int64)
+    parts = partition(tf.constant(keys), shards).numpy() if len(keys) else keys
+    removed = set()
+    for i in range(shards):
+        mine = sorted(keys[parts == i].tolist(), key=status.get)  # lowest score first
+        removed.update(mine[:max(len(mine) - int(residue / shards), 0)])
+    return removed
+
+
+@pytest.mark.parametrize("policy", [de.FrequencyRestrictPolicy, de.TimestampRestrictPolicy])
+@pytest.mark.parametrize("shards", [1, 2])
+def test_restrict_keeps_keys_the_policy_never_saw_as_tfra(policy, shards):
+    """Issue 24: upsert 100 keys, then 50 more, no training (the policy saw none of them):
+    restrict(50) removes none, as TFRA 0.8.1 (it only removes status keys); it used to remove
+    100 and keep 50 of the oldest."""
+    v = _var(shards, restrict_policy=policy)
+    v.upsert(tf.constant(np.arange(100), tf.int64), tf.ones([100, 2]))
+    v.upsert(tf.constant(np.arange(100, 150), tf.int64), tf.ones([50, 2]))
+    assert _tfra_restrict(list(range(150)), {}, shards, 50) == set()
+    want = set(range(150))
+    assert int(v.restrict(50)) == 0
+    assert set(v.export()[0].numpy().tolist()) == want
+    assert int(v.size()) == 150
+
+
+@pytest.mark.parametrize("policy", ["frequency", "timestamp"])
+@pytest.mark.parametrize("shards", [1, 2])
+def test_restrict_with_and_without_status_matches_tfra(policy, shards):
+    """60 keys upserted, 30 of them (and 6 never upserted) seen by apply_update with distinct
+    scores: the rows left equal TFRA's restriction of the same state; only status keys go."""
+    cls = de.FrequencyRestrictPolicy if policy == "frequency" else de.TimestampRestrictPolicy
+    v = _var(shards, restrict_policy=cls)
+    v.upsert(tf.constant(np.arange(60), tf.int64), tf.ones([60, 2]))
+    seen = np.random.default_rng(5).permutation(np.arange(30, 66))  # 60..65: status only
+    score = {}
+    for rank, k in enumerate(seen.tolist()):  # key seen rank + 1 times / at time rank
+        for _ in range(rank + 1 if policy == "frequency" else 1):
+            v.restrict_policy.apply_update(tf.constant([k], tf.int64))
+        score[k] = rank
+    gone = _tfra_restrict(list(range(60)), score, shards, 10)
+    assert len(gone) == 26 and set(range(30)).isdisjoint(gone)
+    removed = v.restrict(10)
+    assert set(v.export()[0].numpy().tolist()) == set(range(60)) - gone
+    assert int(removed) == len(gone - set(range(60, 66)))
+    assert set(_status(v.restrict_policy)) == set(score) - gone
 
 
 @pytest.mark.parametrize("shards", [1, 2])

@@ -81,6 +81,47 @@ def test_keras_embedding_trains_like_a_dense_variable():
     np.testing.assert_allclose(got, dense_table.numpy(), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.parametrize("shards", [1, 2])
+def test_slot_lookup_of_string_keys_equals_int64_keys(shards):
+    """Issue 24: SlotVariable.lookup failed on string keys (tf.argsort has no string kernel).
+    Reference: an int64-keyed Variable trained with the same Adam on the same batches, key
+    "id:<i>" standing for i (a constant initializer, so both start from the same rows); every
+    slot row of the string Variable equals the int64 one's, absent keys get the initial slot.
+    The frequency status lookup, which had the same sort, is checked the same way."""
+    devices = ["/CPU:0"] * shards
+    tables = {dtype: de.Variable(key_dtype=dtype, dim=3, initializer=0.25, devices=devices,
+                                 name=f"slot_{dtype.name}_{shards}",
+                                 restrict_policy=de.FrequencyRestrictPolicy)
+              for dtype in (tf.string, tf.int64)}
+    as_key = {tf.string: lambda ids: tf.constant([b"id:%d" % i for i in ids]),
+              tf.int64: lambda ids: tf.constant(ids, tf.int64)}
+    rng = np.random.default_rng(3)
+    batches = [rng.integers(0, 12, 7).tolist() for _ in range(6)]
+    weights = rng.normal(size=(7, 3)).astype(np.float32)
+    for dtype, var in tables.items():
+        opt = de.DynamicEmbeddingOptimizer(keras.optimizers.Adam(0.1))
+        for ids in batches:
+            with tf.GradientTape() as tape:
+                emb, trainable = de.embedding_lookup(var, as_key[dtype](ids), name="t",
+                                                     return_trainable=True)
+                loss = tf.reduce_sum(tf.square(emb) * weights)
+            opt.apply_gradients(zip(tape.gradient(loss, [trainable]), [trainable]))
+    queried = [[5, 99, 0], [11, 3, 42]]  # 99, 42: never trained
+    flat = sum(queried, [])
+    slots = {dtype: var.get_slot_variables() for dtype, var in tables.items()}
+    assert [s.slot_name for s in slots[tf.string]] == ["momentum", "velocity"]
+    for by_string, by_int in zip(slots[tf.string], slots[tf.int64]):
+        got = by_string.lookup(tf.reshape(as_key[tf.string](flat), [2, 3])).numpy()
+        want = by_int.lookup(tf.constant(queried, tf.int64)).numpy()
+        assert got.shape == (2, 3, 3)
+        np.testing.assert_array_equal(got, want)
+        assert not np.all(want == 0)  # trained slots, not only initial ones
+        np.testing.assert_array_equal(want[0, 1], np.zeros(3))  # Adam's initial slot
+    status = {dtype: var.restrict_policy.status for dtype, var in tables.items()}
+    np.testing.assert_array_equal(status[tf.string].lookup(as_key[tf.string](flat)).numpy(),
+                                  status[tf.int64].lookup(tf.constant(flat, tf.int64)).numpy())
+
+
 def test_tf_checkpoint_round_trip_across_shard_counts(tmp_path):
     v = de.Variable(key_dtype=tf.string, dim=2, initializer=0.0, name="ck_src",
                     devices=["/CPU:0", "/CPU:0"])

@@ -7,7 +7,9 @@
 Each PS and worker task is a ``python -m dualemb.tf.server`` subprocess (so it has the ops
 loaded); the chief's address is reserved in the spec for the process that builds the strategy.
 Ports are found by binding port 0. Every process started is killed by its pid when the context
-exits, also on error; ``kill(job, task)`` kills one earlier (fault tests).
+exits, also on error; ``kill(job, task)`` kills one earlier (fault tests). Starting waits until
+every task listens (``start_timeout``, generous: importing TensorFlow in several processes at
+once on a loaded machine takes minutes).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class LocalCluster:
     ``chief``). ``spec``: the cluster dict; ``processes``: (job, task) -> Popen."""
 
     def __init__(self, num_workers: int = 1, num_ps: int = 1, chief: bool = True,
-                 start_timeout: float = 90.0, env: dict | None = None, log_dir: str | None = None):
+                 start_timeout: float = 300.0, env: dict | None = None, log_dir: str | None = None):
         ports = free_ports(num_workers + num_ps + int(chief))
         addr = [f"127.0.0.1:{p}" for p in ports]
         self.spec = {"worker": addr[:num_workers]}
@@ -109,7 +111,7 @@ class LocalCluster:
         proc = self.processes.get((job, task))
         if proc is not None and proc.poll() is None:
             proc.kill()
-            proc.wait(timeout=30)
+            proc.wait(timeout=60)
 
     def stop(self) -> None:
         for job, task in list(self.processes):

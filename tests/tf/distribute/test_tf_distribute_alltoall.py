@@ -23,7 +23,7 @@ from dualemb.core.routing import shard_of
 from dualemb.tf.distribute.local_cluster import free_ports
 
 JOB = os.path.join(os.path.dirname(__file__), "jobs", "mirrored_job.py")
-TIMEOUT = 150
+TIMEOUT = 600  # a safety bound per process, generous so that it holds on a loaded machine
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 ATOL = 1e-6
 
@@ -64,7 +64,7 @@ def run_two_workers(tmp, optimizer, extra=()):
         for proc, log in procs:
             if proc.poll() is None:
                 proc.kill()
-                proc.wait(timeout=30)
+                proc.wait(timeout=60)
             log.close()
 
 
@@ -114,18 +114,18 @@ def mirrored(tmp_path_factory):
     return run(tmp_path_factory.mktemp("mirrored") / "m.npz", "mirrored", "adam")
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(1500)
 def test_mirrored_two_cpus_equals_single_process(mirrored, reference):
     assert int(mirrored["num_replicas"]) == 2 and int(mirrored["num_local_shards"]) == 2
     assert_equals_reference(shards(mirrored), [mirrored], reference)
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(1500)
 def test_mirrored_each_replica_holds_exactly_its_keys(mirrored):
     assert_owned_by_replica(shards(mirrored), 2)
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(1500)
 def test_multiworker_two_processes_equals_single_process(tmp_path, reference):
     states = run_two_workers(tmp_path, "adam")
     assert [int(s["first_replica"]) for s in states] == [0, 1]
@@ -186,7 +186,7 @@ def run_fit(out, mode):
     return state
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(1500)
 def test_fit_mirrored_two_cpus_equals_single_process_fit(tmp_path):
     """model.fit with the all-to-all embedding under MirroredStrategy (2 logical CPUs) equals
     model.fit in one process on the same batches (tolerance as above)."""

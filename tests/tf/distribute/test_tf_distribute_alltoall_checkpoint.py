@@ -65,7 +65,7 @@ def single_saved(tmp_path_factory):
     return state, tmp / "ckpt", tmp / "tf" / "ck"
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1800)
 def test_job_checkpoint_has_one_shard_file_per_replica(job):
     states, ckpt = job
     manifest = json.load(open(ckpt / "manifest.json"))
@@ -80,7 +80,7 @@ def test_job_checkpoint_has_one_shard_file_per_replica(job):
         "staging directory left behind"
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1800)
 def test_job_checkpoint_restores_into_one_process(job, tmp_path):
     states, ckpt = job
     got = run(tmp_path / "r.npz", "single", "adam", extra=["--steps", "0", "--restore", str(ckpt)])
@@ -89,7 +89,7 @@ def test_job_checkpoint_restores_into_one_process(job, tmp_path):
     assert_same_dense(got, states[0])
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1800)
 def test_job_checkpoint_restores_into_three_replicas(job, tmp_path):
     states, ckpt = job
     got = run(tmp_path / "m.npz", "mirrored", "adam",
@@ -100,7 +100,7 @@ def test_job_checkpoint_restores_into_three_replicas(job, tmp_path):
     assert_same_dense(got, states[0])
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1800)
 def test_job_checkpoint_loads_in_jax(job):
     import dualemb.jax as dej
     states, ckpt = job
@@ -111,14 +111,14 @@ def test_job_checkpoint_loads_in_jax(job):
     assert_same_rows(got, rows(*states))
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1800)
 def test_tf_checkpoint_of_a_split_job_is_refused(job):
     states, _ = job
     # Each worker holds half the table: tf.train.Checkpoint would keep the chief's half only.
     assert [bool(s["tf_save_refused"]) for s in states] == [True, True]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("fmt", ["common", "tf"])
 def test_one_process_checkpoint_restores_into_two_workers(single_saved, tmp_path, fmt):
     reference, ckpt, tf_ckpt = single_saved
@@ -140,7 +140,7 @@ def mirrored_saved(tmp_path_factory):
     return state, tmp / "ckpt", tmp / "tf" / "ck"
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1800)
 @pytest.mark.parametrize("fmt", ["common", "tf"])
 def test_mirrored_checkpoint_restores_into_one_process(mirrored_saved, tmp_path, fmt):
     saved, ckpt, tf_ckpt = mirrored_saved

@@ -27,13 +27,17 @@ from dualemb.tf.distribute.local_cluster import LocalCluster  # noqa: E402
 JOB = os.path.join(os.path.dirname(__file__), "jobs", "keras2_fit_ps_job.py")
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_USE_LEGACY_KERAS": "1"}
 STEPS, LR = 12, 0.1
+# Safety bounds only, generous so that they hold on a loaded machine (2 cores at load 6 and
+# more): every wait is on a condition (a file, an exit), never a fixed sleep.
+JOB_TIMEOUT = 600
+EVENT_TIMEOUT = 300  # the longest a test waits for one event of a cluster
 
 
 def run_job(out, *args, cluster=None):
     cmd = [sys.executable, JOB, "--out", str(out), *args]
     if cluster is not None:
         cmd += ["--cluster", json.dumps(cluster.spec)]
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=JOB_TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return dict(np.load(out))
 
@@ -53,13 +57,42 @@ def shards(state):
     return out
 
 
+def start_paused_chief(tmp_path, cluster, marker, *args):
+    """The chief, with fit's 5th step pausing on its worker after its updates (until
+    ``marker.release`` exists), its stderr to ``tmp_path/chief.log`` (a pipe nobody reads while
+    the test waits can fill and block it); waits until the step has paused. The caller ends it
+    with ``end`` in finally."""
+    with open(tmp_path / "chief.log", "w") as log:
+        chief = subprocess.Popen(
+            [sys.executable, JOB, "--out", str(tmp_path / "ps.npz"), *args, "--pause-step", "5",
+             "--marker", str(marker), "--cluster", json.dumps(cluster.spec)], env=ENV,
+            stderr=log)
+    deadline = time.monotonic() + EVENT_TIMEOUT
+    while not marker.exists():
+        if chief.poll() is not None:
+            raise AssertionError(chief_log(tmp_path)[-4000:])
+        assert time.monotonic() < deadline, "fit never reached the paused step"
+        time.sleep(0.05)
+    return chief
+
+
+def chief_log(tmp_path) -> str:
+    return (tmp_path / "chief.log").read_text(errors="replace")
+
+
+def end(chief):
+    if chief.poll() is None:
+        chief.kill()
+        chief.wait(timeout=60)
+
+
 def batch_list():
     sys.path.insert(0, os.path.dirname(JOB))
     from ps_job import batches
     return list(batches(STEPS))
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(1200)
 def test_fit_one_worker_equals_single_process_fit(tmp_path):
     single = run_job(tmp_path / "single.npz", "--model", "dense", "--optimizer", "adam")
     with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
@@ -94,7 +127,7 @@ def sgd_rows(initial, batch_prefixes):
     return rows
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(1200)
 def test_fit_two_workers_apply_every_step_once(tmp_path):
     """Under PS, fit gives every worker its own iterator over the dataset, and the coordinator
     hands the 12 steps to whichever worker is free: worker 0 trains on the first ``n`` batches,
@@ -137,7 +170,7 @@ def one_batch_gradient():
     return grad
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(1500)
 def test_fit_step_applied_again_when_its_workers_die_after_the_update(tmp_path):
     """fit's 5th step to run, once its updates reached the PS tasks, writes a marker and pauses
     on its worker; the test kills both workers then and restarts them on their ports. The
@@ -158,29 +191,21 @@ def test_fit_step_applied_again_when_its_workers_die_after_the_update(tmp_path):
 
     marker = tmp_path / "marker"
     with LocalCluster(num_workers=2, num_ps=2, env=ENV) as cluster:
-        chief = subprocess.Popen(
-            [sys.executable, JOB, "--out", str(tmp_path / "ps.npz"), "--model", "linear",
-             "--optimizer", "sgd", "--same-batch", "--pause-step", "5", "--marker", str(marker),
-             "--cluster", json.dumps(cluster.spec)],
-            env=ENV, stderr=subprocess.PIPE, text=True)
+        chief = start_paused_chief(tmp_path, cluster, marker, "--model", "linear",
+                                   "--optimizer", "sgd", "--same-batch")
         try:
-            deadline = time.monotonic() + 120
-            while not marker.exists():
-                if chief.poll() is not None:
-                    raise AssertionError(chief.stderr.read()[-4000:])
-                assert time.monotonic() < deadline, "fit never reached the paused step"
-                time.sleep(0.05)
             for task in (0, 1):  # the paused step's worker among them
                 cluster.kill("worker", task)
-            time.sleep(2)
+            # Killed in its pause, the step's RPC fails: the coordinator sees it whenever it
+            # looks, so the restart needs no delay. The release lets a retry through at once.
+            (tmp_path / "marker.release").write_text("go")
             for task in (0, 1):
                 cluster.restart("worker", task)  # TF reconnects to them at the same address
-            _, err = chief.communicate(timeout=150)
+            chief.wait(timeout=EVENT_TIMEOUT)
+            err = chief_log(tmp_path)
             assert chief.returncode == 0, err[-4000:]
         finally:
-            if chief.poll() is None:
-                chief.kill()
-                chief.wait(timeout=30)
+            end(chief)
         state = dict(np.load(tmp_path / "ps.npz"))
     assert "failed with UnavailableError" in err  # the fault path ran
     got = shards(state)
@@ -198,7 +223,7 @@ def test_fit_step_applied_again_when_its_workers_die_after_the_update(tmp_path):
     print(f"steps applied per shard: {applied}, iterations {int(state['iterations'])}")
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(1500)
 def test_fit_fails_clearly_when_a_ps_dies(tmp_path):
     """A PS dies during fit (after fit's 5th step updated it): TF does not retry PS failures (the
     rows it held are gone), so fit raises UnavailableError naming the PS's address within a
@@ -207,24 +232,15 @@ def test_fit_fails_clearly_when_a_ps_dies(tmp_path):
     coordinator.)"""
     marker = tmp_path / "marker"
     with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
-        chief = subprocess.Popen(
-            [sys.executable, JOB, "--out", str(tmp_path / "ps.npz"), "--model", "linear",
-             "--optimizer", "sgd", "--same-batch", "--pause-step", "5", "--marker", str(marker),
-             "--cluster", json.dumps(cluster.spec)],
-            env=ENV, stderr=subprocess.PIPE, text=True)
+        chief = start_paused_chief(tmp_path, cluster, marker, "--model", "linear",
+                                   "--optimizer", "sgd", "--same-batch")
         try:
-            deadline = time.monotonic() + 120
-            while not marker.exists():
-                if chief.poll() is not None:
-                    raise AssertionError(chief.stderr.read()[-4000:])
-                assert time.monotonic() < deadline, "fit never reached the paused step"
-                time.sleep(0.05)
             cluster.kill("ps", 1)
-            _, err = chief.communicate(timeout=150)
+            (tmp_path / "marker.release").write_text("go")  # the paused step goes on, and fails
+            chief.wait(timeout=EVENT_TIMEOUT)
+            err = chief_log(tmp_path)
         finally:
-            if chief.poll() is None:
-                chief.kill()
-                chief.wait(timeout=30)
+            end(chief)
     assert chief.returncode != 0
     assert not (tmp_path / "ps.npz").exists()  # it did not finish as if nothing happened
     raised = [ln for ln in err.splitlines() if re.match(r"\S*Error: ", ln)]  # the traceback's

@@ -17,8 +17,9 @@ cluster's tables start from the same rows).
 
 Fault tests: ``--same-batch`` feeds the first batch at every step (so which worker runs a step,
 and a retry reading its worker's next batch, change nothing); ``--pause-step K --marker F``:
-the K-th step to run writes F on its worker after its updates and busy-waits 20 s
-(``PausingModel``), while the test kills and restarts the workers.
+the K-th step to run writes F on its worker after its updates and busy-waits until the test
+writes ``F.release`` (``PausingModel``; at most 600 s), while the test kills and restarts the
+workers.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from dualemb.tf import ops
 from dualemb.tf.distribute import placement, recovery
 
 sys.path.insert(0, os.path.dirname(__file__))
-from ps_job import BATCH, DIM, IDS_PER_EXAMPLE, batches  # noqa: E402
+from ps_job import BATCH, DIM, IDS_PER_EXAMPLE, batches, pause_until_released  # noqa: E402
 
 keras = tf.keras  # tf_keras under TF_USE_LEGACY_KERAS=1
 
@@ -53,11 +54,12 @@ def dataset(steps: int, same_batch: bool = False):
 class PausingModel(keras.Model):
     """A functional tf_keras model whose train step, once its updates are applied, pauses the
     ``pause_step``-th step to run (counted by an atomic ``assign_add`` on a PS, so exactly one
-    step pauses, retries included): it writes ``marker`` on its worker and busy-waits
-    ``pause_seconds``, so a test can kill the workers after that step's update reached the PS
+    step pauses, retries included): it writes ``marker`` on its worker and busy-waits until
+    ``marker.release`` exists (at most ``pause_seconds``), so a test can kill the workers after
+    that step's update reached the PS
     tasks (batch-level callbacks, which would pause the chief, are refused under this strategy)."""
 
-    pause_step, marker, pause_seconds = 0, "", 20.0
+    pause_step, marker, pause_seconds = 0, "", 600.0
 
     def train_step(self, data):
         logs = super().train_step(data)
@@ -75,8 +77,7 @@ class PausingModel(keras.Model):
 
     def _pause(self):
         tf.io.write_file(self.marker, "updated")
-        end = tf.timestamp() + self.pause_seconds
-        return tf.while_loop(lambda t: t < end, lambda t: [tf.timestamp()], [tf.timestamp()])[0]
+        return pause_until_released(self.marker + ".release", self.pause_seconds)
 
 
 def linear_loss(labels, pred):
@@ -151,7 +152,7 @@ def main():
     model.fit(dataset(args.steps, args.same_batch), epochs=1, steps_per_epoch=args.steps,
               verbose=0)
     if strategy is not None:
-        recovery.wait_for_recovery(model._cluster_coordinator, timeout=90)
+        recovery.wait_for_recovery(model._cluster_coordinator, timeout=300)
     np.savez(args.out, **table_state(model, embedding), **initial)
 
 

@@ -37,6 +37,26 @@ def batches(steps: int, seed: int = 1):
         yield ids, labels
 
 
+def patient_coordination_service(minutes: float = 5.0) -> None:
+    """Configures the coordination service MultiWorkerMirroredStrategy starts (it configures its
+    own only when none is), as it would (standalone, led by the first worker, every worker
+    coordinated) but with heartbeat and shutdown-barrier timeouts of ``minutes`` instead of TF's
+    10 s: on a loaded machine a worker can miss 10 s of heartbeats (its peers are then told it
+    died), or reach exit more than 10 s after its peer."""
+    from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    spec = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec()
+    ms = int(minutes * 60_000)
+    context.context().configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(spec),
+        heartbeat_timeout_in_ms=ms, shutdown_barrier_timeout_in_ms=ms,
+        coordinated_jobs=[coordination_config_pb2.CoordinatedJob(
+            name="worker", num_tasks=spec.num_tasks("worker"))])
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--mode", choices=MODES, required=True)
@@ -56,6 +76,7 @@ def main():
             cpu, [tf.config.LogicalDeviceConfiguration()] * args.cpus)
         strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.cpus)])
     elif args.mode == "multiworker":
+        patient_coordination_service()
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
     else:
         strategy = tf.distribute.get_strategy()  # the default (no distribution)

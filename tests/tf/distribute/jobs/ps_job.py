@@ -4,7 +4,8 @@ never connected to a cluster).
 
     python tests/tf/distribute/jobs/ps_job.py --out result.npz [--cluster JSON] [--model dense|linear]
         [--optimizer adam|sgd] [--steps N] [--kill-worker-after K --marker FILE]
-        [--save-dir DIR [--save-after K]] [--string-keys]
+        [--save-dir DIR [--save-after K]] [--string-keys] [--plain-apply]
+        [--pause-step K --pause-marker FILE]
 
 With ``--save-dir`` the trained job also writes ``DIR/tf/ckpt`` (a ``tf.train.Checkpoint`` of the
 model and optimizer) and ``DIR/common`` (``de.save``, step = --steps); under a cluster both gather
@@ -40,6 +41,22 @@ from dualemb.tf.distribute import placement, recovery
 DIM = 4
 IDS_PER_EXAMPLE = 3
 BATCH = 16
+
+
+def pause_until_released(release: str, max_seconds: float):
+    """Busy-waits, in the graph, until the file ``release`` exists (at most ``max_seconds``, a
+    safety bound), so a test that kills the worker meanwhile needs no timing assumption and a
+    retried step is let through at once. Returns the last timestamp (float64)."""
+    end = tf.timestamp() + max_seconds
+
+    def waiting(t):
+        # The pattern depends on the loop variable, so that Grappler cannot fold MatchingFiles
+        # (not a stateful op) into a constant evaluated once, before the file appears.
+        pattern = tf.strings.join([release, tf.strings.substr(tf.strings.as_string(t), 0, 0)])
+        absent = tf.equal(tf.size(tf.io.matching_files(pattern)), 0)
+        return tf.logical_and(t < end, absent)
+
+    return tf.while_loop(waiting, lambda t: [tf.timestamp()], [tf.timestamp()])[0]
 
 
 def string_key(k: int) -> bytes:
@@ -94,9 +111,12 @@ class Job:
             self.optimizer = de.DynamicEmbeddingOptimizer(inner)
             self.optimizer.build(self.model.trainable_variables)
         self.strategy = strategy
-        self.omit_step = False  # --omit-step: call apply() without step= (must raise under PS)
+        # --plain-apply: optimizer.apply_gradients(zip(grads, variables)), no step= (the
+        # wrapper reads iterations, as Keras does for the dense weights)
+        self.plain_apply = False
         # --pause-step K --pause-marker F: the step K closure, after its updates, writes F on its
-        # worker and busy-waits --pause-seconds, so a test can kill the worker after the update
+        # worker and busy-waits until F.release exists (at most --pause-seconds), so a test can
+        # kill the worker after the update
         # reached the PS tasks (its retry then applies step K a second time).
         self.pause_step, self.pause_marker, self.pause_seconds = 0, "", 0.0
 
@@ -109,7 +129,10 @@ class Job:
                 loss = tf.reduce_sum(pred * labels)
         variables = self.model.trainable_variables
         grads = tape.gradient(loss, variables)
-        self.optimizer.apply(grads, variables, step=None if self.omit_step else step)
+        if self.plain_apply:
+            self.optimizer.apply_gradients(zip(grads, variables))
+        else:
+            self.optimizer.apply(grads, variables, step=step)
         if self.pause_step:
             # tf.function orders ops on one resource in program order, but not ops on different
             # resources (nor the cond, which has none) with each other: without reading every
@@ -125,8 +148,7 @@ class Job:
 
     def _pause(self):
         tf.io.write_file(self.pause_marker, "updated")
-        end = tf.timestamp() + self.pause_seconds
-        return tf.while_loop(lambda t: t < end, lambda t: [tf.timestamp()], [tf.timestamp()])[0]
+        return pause_until_released(self.pause_marker + ".release", self.pause_seconds)
 
     def save(self, save_dir: str, step: int) -> None:
         tf.train.Checkpoint(model=self.model, optimizer=self.optimizer).write(
@@ -156,6 +178,7 @@ class Job:
             out[f"shard{i}_update_count"] = page["update_count"].numpy()
             out[f"shard{i}_device"] = np.array(shard.resource.device)
         out["num_shards"] = np.array(len(var.tables))
+        out["iterations"] = np.array(int(self.optimizer.iterations.numpy()))
         for j, w in enumerate(v for v in self.model.weights if v is not self.embedding.shadow):
             out[f"dense{j}"] = np.asarray(w.numpy())
         return out
@@ -163,6 +186,7 @@ class Job:
 
 def run_single(args):
     job = Job(args.model, args.optimizer, key_dtype=_key_dtype(args))
+    job.plain_apply = args.plain_apply
     step_fn = tf.function(job.replica_step)
     for k, (ids, labels) in enumerate(batches(args.steps, string_keys=args.string_keys)):
         step_fn(tf.constant(ids), tf.constant(labels), tf.constant(k + 1, tf.int64))
@@ -180,24 +204,13 @@ def run_cluster(args):
     if args.restore_dir:
         job.restore(args.restore_dir, args.restore_kind)
 
-    job.omit_step = args.omit_step
+    job.plain_apply = args.plain_apply
     job.pause_step, job.pause_marker = args.pause_step, args.pause_marker
     job.pause_seconds = args.pause_seconds
 
     @tf.function
     def train_step(ids, labels, step):
         return strategy.run(job.replica_step, args=(ids, labels, step))
-
-    if args.omit_step:
-        ids, labels = next(batches(1))
-        try:
-            coordinator.schedule(train_step, args=(tf.constant(ids), tf.constant(labels),
-                                                   tf.constant(1, tf.int64)))
-            coordinator.join()
-            error = ""
-        except ValueError as e:
-            error = str(e)
-        return {**job.table_state(), "error": np.array(error)}
 
     try:
         for k, (ids, labels) in enumerate(batches(args.steps, string_keys=args.string_keys)):
@@ -251,15 +264,16 @@ def main():
     p.add_argument("--save-dir", default="")
     p.add_argument("--save-after", type=int, default=-1,
                    help="save after this many steps (default: at the end)")
-    p.add_argument("--recovery-timeout", type=float, default=90.0)
-    p.add_argument("--omit-step", action="store_true",
-                   help="schedule one step whose apply() has no step=; record the error")
+    p.add_argument("--recovery-timeout", type=float, default=300.0)
+    p.add_argument("--plain-apply", action="store_true",
+                   help="optimizer.apply_gradients(zip(grads, variables)), without step=")
     p.add_argument("--restore-dir", default="", help="restore a --save-dir before training")
     p.add_argument("--restore-kind", default="tf", choices=["tf", "common"])
     p.add_argument("--kill-worker-after", type=int, default=-1)
     p.add_argument("--pause-step", type=int, default=0)
     p.add_argument("--pause-marker", default="")
-    p.add_argument("--pause-seconds", type=float, default=20.0)
+    p.add_argument("--pause-seconds", type=float, default=600.0,
+                   help="the longest a paused step waits for --pause-marker's .release file")
     p.add_argument("--marker", default="", help="file written mid-training; waits until removed")
     p.add_argument("--string-keys", action="store_true", help="key_dtype=tf.string (string_key)")
     args = p.parse_args()
