@@ -13,8 +13,9 @@ show the rows whose slots differ from the optimizer's initial slots — exactly 
 step has changed. The one difference from TFRA: a trained key whose slots never moved is not
 shown, where TFRA would hold it: one whose every gradient was zero (Adam's m = v = 0, for
 instance), or whose gradients were so small that their effect on the slots vanished in rounding
-(Adagrad: g^2 below half an ulp of the accumulator), though its row moved. ``lookup(keys)`` reads any row's slots (the initial slots for
-rows never trained, and for absent keys, which is what TFRA's slot lookup returns for a missing key).
+(Adagrad: g^2 below half an ulp of the accumulator), though its row moved.
+``lookup(keys)`` reads any row's slots (the initial slots for rows never trained, and for
+absent keys, which is what TFRA's slot lookup returns for a missing key).
 """
 
 from __future__ import annotations
