@@ -12,16 +12,11 @@
 #include <thread>
 #include <vector>
 
+#include "check.h"
 #include "dualemb_core.h"
 
 static int g_failures = 0;
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++g_failures;                                                        \
-    }                                                                      \
-  } while (0)
+#define CHECK(cond) DE_TEST_CHECK(g_failures, cond)
 #define OK(call) CHECK((call) == 0)
 
 static int64_t make(const char* config) {

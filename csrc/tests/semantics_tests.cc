@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "check.h"
 #include "hash.h"
 #include "semantics/duplicates.h"
 #include "semantics/restrict_ranking.h"
@@ -18,13 +19,7 @@
 
 extern int g_semantics_failures;
 int g_semantics_failures = 0;
-#define XCHECK(cond)                                                                   \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);    \
-      ++g_semantics_failures;                                                          \
-    }                                                                                  \
-  } while (0)
+#define XCHECK(cond) DE_TEST_CHECK(g_semantics_failures, cond)
 
 namespace {
 
