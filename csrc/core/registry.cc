@@ -5,20 +5,15 @@
 #include <stdexcept>
 #include <unordered_map>
 
-#include "dualemb_core.h"
-#include "config.h"
 #include "random.h"
-#include "storage/factory.h"
 #include "value_dtype.h"
 
 namespace dualemb {
 namespace {
 
 struct Entry {
-  std::shared_ptr<Storage> table;
+  std::shared_ptr<TableFacade> table;
   int64_t owners = 1;
-  std::shared_ptr<StringKeys> strings;  // string-keyed tables only
-  std::shared_ptr<StringValues> values;  // tables of value dtype string only
 };
 
 struct Registry {
@@ -45,17 +40,13 @@ int64_t fresh_id(Registry& r) {
 
 int64_t create_table(int64_t id, const std::string& config) {
   if (id < 0) throw std::invalid_argument("table id must be a non-negative 63-bit integer");
-  auto table = make_storage(config);  // validates config before touching the registry
-  std::shared_ptr<StringValues> values;
-  if (table->value_dtype() == DE_VALUE_STRING)
-    values = std::make_shared<StringValues>(
-        string_default_row(Config::parse(config, "table config"), table->dim()));
+  auto table = std::make_shared<TableFacade>(config);  // validates config first
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   if (id == 0) id = fresh_id(r);
   auto it = r.tables.find(id);
   if (it != r.tables.end()) {
-    const Storage& t = *it->second.table;
+    const TableFacade& t = *it->second.table;
     // A different value dtype would make callers read rows in the wrong element type.
     if (t.dim() != table->dim() || t.key_dtype() != table->key_dtype() ||
         t.value_dtype() != table->value_dtype())
@@ -64,10 +55,7 @@ int64_t create_table(int64_t id, const std::string& config) {
                                   value_dtype_name(t.value_dtype()) + " and another config");
     return id;
   }
-  std::shared_ptr<StringKeys> strings;
-  if (table->key_dtype() == DE_KEY_STRING)
-    strings = std::make_shared<StringKeys>(testing_string_id_bits());
-  r.tables.emplace(id, Entry{std::move(table), 1, std::move(strings), std::move(values)});
+  r.tables.emplace(id, Entry{std::move(table), 1});
   return id;
 }
 
@@ -76,20 +64,12 @@ int64_t create_table(int64_t id, const std::string& config) {
                           " (not created or loaded in this process, or already freed)");
 }
 
-std::shared_ptr<Storage> get_table(int64_t id) {
+std::shared_ptr<TableFacade> get_table(int64_t id) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.tables.find(id);
   if (it == r.tables.end()) throw_unknown(id);
   return it->second.table;
-}
-
-TableRef get_table_ref(int64_t id) {
-  Registry& r = registry();
-  std::lock_guard<std::mutex> lock(r.mu);
-  auto it = r.tables.find(id);
-  if (it == r.tables.end()) throw_unknown(id);
-  return {it->second.table, it->second.strings, it->second.values};
 }
 
 void retain_table(int64_t id) {
@@ -101,7 +81,7 @@ void retain_table(int64_t id) {
 }
 
 bool release_table(int64_t id) {
-  std::shared_ptr<Storage> last;  // freed after the lock is released: freeing a big table is slow
+  std::shared_ptr<TableFacade> last;  // freed after the lock is released: freeing a big table is slow
   Registry& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mu);
@@ -121,7 +101,7 @@ bool table_exists(int64_t id) {
 }
 
 bool destroy_table(int64_t id) {
-  std::shared_ptr<Storage> last;  // freed after the lock is released
+  std::shared_ptr<TableFacade> last;  // freed after the lock is released
   Registry& r = registry();
   {
     std::lock_guard<std::mutex> lock(r.mu);

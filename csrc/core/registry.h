@@ -14,9 +14,7 @@
 #include <memory>
 #include <string>
 
-#include "storage/storage.h"
-#include "string_keys.h"
-#include "string_values.h"
+#include "table_facade.h"
 
 namespace dualemb {
 
@@ -25,20 +23,10 @@ namespace dualemb {
 // An existing id must have the same dim and key dtype as `config` asks for; getting an existing
 // table does not change its owner count.
 int64_t create_table(int64_t id, const std::string& config);
-// Throws std::out_of_range naming the id if no such table exists.
-std::shared_ptr<Storage> get_table(int64_t id);
+// The table (its facade: backend, string layers, every operation). Throws std::out_of_range
+// naming the id if no such table exists.
+std::shared_ptr<TableFacade> get_table(int64_t id);
 bool table_exists(int64_t id);
-// A string-keyed table ("key_dtype": "string") is held with its StringKeys map, created with it.
-// Both parts of one entry, read together (throws std::out_of_range like get_table); `keys` is
-// null for a table with integer keys.
-// A table of value dtype string is held with its StringValues pool the same way (`values` is
-// null for every other value dtype).
-struct TableRef {
-  std::shared_ptr<Storage> storage;
-  std::shared_ptr<StringKeys> keys;
-  std::shared_ptr<StringValues> values;
-};
-TableRef get_table_ref(int64_t id);
 // Adds an owner; throws std::out_of_range if no such table exists.
 void retain_table(int64_t id);
 // Drops an owner, erasing the table when none is left. Returns false if no such table exists.

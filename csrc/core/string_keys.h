@@ -3,8 +3,8 @@
 // No collisions: the map keeps every string's bytes and compares them. A string's id is its
 // fingerprint (string_fingerprint) when that id is free, else the next free id (linear probe);
 // ids are non-negative. Initial rows never depend on the id: callers use string_init_key.
-// Not thread-safe by itself: c_api_strings.cc holds mutex() around the translation and the
-// storage operation together.
+// Not thread-safe by itself: StringKeyTable (string_key_table.h) holds mutex() around the
+// translation and the storage operation together.
 #ifndef DUALEMB_STRING_KEYS_H_
 #define DUALEMB_STRING_KEYS_H_
 

@@ -7,9 +7,9 @@
 // and a missing key (find) need no pool entry. Every other handle is owned by exactly one element
 // of one row: a write gives each element a fresh handle and frees the handles the row held
 // before; erase frees the erased rows' handles; clear drops all; restrict and capacity evictions
-// leave their rows' handles behind, and a compaction (c_api_string_values.cc) frees every handle
+// leave their rows' handles behind, and a compaction (string_value_storage.cc) frees every handle
 // no row holds.
-// Not thread-safe by itself: c_api_string_values.cc holds mutex() around the pool and the storage
+// Not thread-safe by itself: StringValueStorage holds mutex() around the pool and the storage
 // operation together, so no caller sees a row whose handles are not (yet, or any more) in the pool.
 #ifndef DUALEMB_STRING_VALUES_H_
 #define DUALEMB_STRING_VALUES_H_

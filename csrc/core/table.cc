@@ -3,16 +3,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <mutex>
 #include <stdexcept>
-#include <unordered_map>
 
 #include "config.h"
 #include "hash.h"
 #include "memory_block.h"
 #include "thread_pool.h"
 #include "value_dtype.h"
+#include "semantics/duplicates.h"
+#include "semantics/row_updates.h"
 #include "storage/table_options.h"
 
 namespace dualemb {
@@ -32,45 +32,6 @@ inline bool worth_parallel(int64_t n, int64_t floats_per_key) {
   return n * (floats_per_key + 16) >= kParallelWork;
 }
 
-// Update counts saturate instead of wrapping around.
-inline void bump_count(uint32_t& c) { c += c != UINT32_MAX; }
-
-
-// Small open-addressing map from key to a dense index, for summing duplicate gradients. The
-// constructor only allocates; init() (which cannot fail) clears it right before use, while the
-// shard's keys are being probed, so it is in cache then.
-class DedupMap {
- public:
-  explicit DedupMap(int64_t n) {
-    uint64_t cap = 16;
-    while (cap < static_cast<uint64_t>(n) * 2) cap <<= 1;
-    keys_.reset(new int64_t[cap]);
-    ids_.reset(new int64_t[cap]);
-    mask_ = cap - 1;
-  }
-  void init() { std::fill(ids_.get(), ids_.get() + mask_ + 1, int64_t(-1)); }
-  // Returns the dense index of key, and whether it was new.
-  int64_t get(int64_t key, uint64_t h, int64_t next, bool* inserted) {
-    for (uint64_t i = (h >> 17) & mask_;; i = (i + 1) & mask_) {
-      if (ids_[i] < 0) {
-        keys_[i] = key;
-        ids_[i] = next;
-        *inserted = true;
-        return next;
-      }
-      if (keys_[i] == key) {
-        *inserted = false;
-        return ids_[i];
-      }
-    }
-  }
-
- private:
-  std::unique_ptr<int64_t[]> keys_;
-  std::unique_ptr<int64_t[]> ids_;
-  uint64_t mask_;
-};
-
 }  // namespace
 
 Table::Table(const std::string& config_text) {
@@ -85,8 +46,7 @@ Table::Table(const std::string& config_text) {
   key_dtype_ = o.key_dtype;
   value_dtype_ = o.value_dtype;
   value_size_ = o.value_size;
-  init_ = o.init;
-  initial_row_ = o.initial_row;
+  new_values_ = NewRowValues(o);
   capacity_ = o.capacity;
   evict_policy_ = o.evict_policy;
   num_threads_ = o.num_threads;
@@ -94,19 +54,6 @@ Table::Table(const std::string& config_text) {
   config_json_ = c.echo();  // every member read above, as given or defaulted
   int64_t shift = chunk_shift_for(dim_);
   for (int i = 0; i < kNumShards; ++i) shards_.emplace_back(new Shard(dim_, value_size_, shift));
-}
-
-void Table::fill_initial_converted(uint64_t key, unsigned char* out) const {
-  if (!initial_row_.empty()) {
-    std::memcpy(out, initial_row_.data(), initial_row_.size());
-    return;
-  }
-  // A random initializer on a float16/bfloat16/float64 table: the float32 row of (seed, key),
-  // converted, so every dtype starts from the same draws. (Integer tables refuse these.)
-  thread_local std::vector<float> scratch;
-  scratch.resize(static_cast<size_t>(dim_));
-  init_.fill(key, scratch.data());
-  floats_to_values(value_dtype_, scratch.data(), out, dim_);
 }
 
 void Table::require_trainable() const {
@@ -162,22 +109,6 @@ void Table::set_optimizer(const std::string& spec) {
     }
   }
   ++clock_;  // a change of optimizer is a write (checkpoint saves detect it)
-}
-
-void Table::init_slots(unsigned char* row) const {
-  if (!optimizer_) return;
-  const int ns = optimizer_->num_slots();
-  for (int s = 0; s < ns; ++s) {
-    const float v = optimizer_->slot_initial_value(s);
-    unsigned char* slot = row + row_bytes() * (1 + s);
-    if (value_dtype_ == DE_VALUE_FLOAT32) {
-      float* p = reinterpret_cast<float*>(slot);
-      for (int64_t j = 0; j < dim_; ++j) p[j] = v;
-    } else {
-      for (int64_t j = 0; j < dim_; ++j)
-        floats_to_values(value_dtype_, &v, slot + value_size_ * j, 1);
-    }
-  }
 }
 
 void Table::rebuild_rows(int64_t new_width) {
@@ -376,8 +307,7 @@ void Table::find(const int64_t* keys, int64_t n, void* values_out, uint8_t* exis
 }
 
 void Table::initial_values(const int64_t* keys, int64_t n, void* values) const {
-  unsigned char* out = static_cast<unsigned char*>(values);
-  for (int64_t i = 0; i < n; ++i) fill_initial(static_cast<uint64_t>(keys[i]), out + i * row_bytes());
+  new_values_.fill(keys, n, values);
 }
 
 int64_t Table::find_or_insert(const int64_t* keys, int64_t n, void* values_out, uint8_t* exists) {
@@ -389,9 +319,7 @@ int64_t Table::find_or_insert(const int64_t* keys, int64_t n, void* values_out, 
   prepare_inserts(g, n);
   const int64_t stamp = ++clock_;
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
-    // A row stamped by this very call was inserted by an earlier duplicate of the key: it did
-    // not exist before the call.
-    if (exists) exists[i] = r >= 0 && s.rows.meta(r).last_update != stamp;
+    if (exists) exists[i] = r >= 0 && !stamped_by_this_call(s.rows.meta(r).last_update, stamp);
     if (r < 0) {
       r = insert_new(s, keys[i], h, stamp);
       fill_initial(static_cast<uint64_t>(keys[i]), s.rows.row(r));
@@ -443,16 +371,19 @@ int64_t Table::accum_impl(const int64_t* keys, int64_t n, const void* rows_in,
   const int64_t stamp = ++clock_;
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
     const unsigned char* d = rows + i * rb;
-    if (r < 0 && !exists[i]) {
-      r = insert_new(s, keys[i], h, stamp);
-      std::memcpy(s.rows.row(r), d, rb);
-    } else if (r >= 0 && exists[i]) {
-      if (old)
-        add_difference(value_dtype_, s.rows.row(r), d, old + i * rb, dim_);
-      else
-        add_values(value_dtype_, s.rows.row(r), d, dim_);
-    } else {
-      return;
+    switch (accum_action(r >= 0, exists[i])) {
+      case AccumAction::kInsert:
+        r = insert_new(s, keys[i], h, stamp);
+        std::memcpy(s.rows.row(r), d, rb);
+        break;
+      case AccumAction::kAdd:
+        if (old)
+          add_difference(value_dtype_, s.rows.row(r), d, old + i * rb, dim_);
+        else
+          add_values(value_dtype_, s.rows.row(r), d, dim_);
+        break;
+      case AccumAction::kIgnore:
+        return;
     }
     s.rows.meta(r).last_update = stamp;
     bump_count(s.rows.meta(r).count);
@@ -581,8 +512,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
       d.sum_at = static_cast<int64_t>(w.summed.size());
       w.summed.insert(w.summed.end(), d.grad, d.grad + dim_);  // within capacity
     }
-    float* acc = w.summed.data() + d.sum_at;
-    for (int64_t j = 0; j < dim_; ++j) acc[j] += gi[j];
+    add_gradient(w.summed.data() + d.sum_at, gi, dim_);
   };
   // Applied per shard right after its gradients are summed: its rows, prefetched while probing,
   // are still in cache. float32 rows are stepped in place. float16/bfloat16: the row and its
@@ -640,56 +570,33 @@ int64_t Table::restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys
   return removed;
 }
 
-namespace {
-// A key's rank in restrict: higher score first, then the smaller key, so every key has a
-// distinct rank and exactly num_reserved keys are kept, whatever the ties.
-using Ranked = Table::Ranked;
-inline bool ranks_before(const Ranked& a, const Ranked& b) {
-  return a.score > b.score || (a.score == b.score && a.key < b.key);
-}
-}  // namespace
-
 int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_t* keys,
                                const float* scores, int64_t n) {
   const int64_t total = size_locked();
   if (total <= num_reserved) return 0;
-  std::unordered_map<int64_t, float> custom;
-  if (by == RestrictBy::kCustom) {
-    custom.reserve(n);
-    for (int64_t i = 0; i < n; ++i) custom[keys[i]] = scores[i];  // the last of duplicates wins
-  }
-  auto score = [&](const Shard& s, int64_t r) -> double {
-    switch (by) {
-      case RestrictBy::kRecency: return static_cast<double>(s.rows.meta(r).last_update);
-      case RestrictBy::kFrequency: return static_cast<double>(s.rows.meta(r).count);
-      case RestrictBy::kCustom: {
-        auto it = custom.find(s.rows.meta(r).key);
-        return it == custom.end() ? -std::numeric_limits<double>::infinity() : it->second;
-      }
-    }
-    return 0.0;
+  // The cut between kept and erased rows. All allocation happens here (the custom scores' map,
+  // the ranking buffer), before the first row is erased.
+  const RestrictScorer scorer(by, keys, scores, n);
+  auto rank = [&](const Shard& s, int64_t r) {
+    const RowMeta& m = s.rows.meta(r);
+    return scorer.rank(m.key, m.last_update, m.count);
   };
-  // The num_reserved-th best (score, key); a row is kept iff it ranks at or before it. All
-  // allocation happens here, before the first row is erased.
-  Ranked kth{std::numeric_limits<double>::infinity(), std::numeric_limits<int64_t>::min()};
-  const bool keep_none = num_reserved == 0;
-  if (!keep_none) {
-    std::vector<Ranked>& all = evict_scratch_;
-    all.clear();
+  std::vector<Ranked>& all = evict_scratch_;
+  all.clear();
+  if (num_reserved > 0) {
     all.reserve(total);
     for (const auto& s : shards_)
-      for (int64_t r = 0; r < s->rows.size(); ++r) all.push_back({score(*s, r), s->rows.meta(r).key});
-    std::nth_element(all.begin(), all.begin() + (num_reserved - 1), all.end(), ranks_before);
-    kth = all[num_reserved - 1];
-    // Give a large ranking buffer back; keep a small one for the next capacity write.
-    if (all.capacity() > (size_t(1) << 16)) std::vector<Ranked>().swap(all);
+      for (int64_t r = 0; r < s->rows.size(); ++r) all.push_back(rank(*s, r));
   }
+  const RestrictCut cut(all, num_reserved);
+  // Give a large ranking buffer back; keep a small one for the next capacity write.
+  if (all.capacity() > (size_t(1) << 16)) std::vector<Ranked>().swap(all);
   int64_t removed = 0;
   for (auto& sp : shards_) {
     Shard& s = *sp;
     // Walk backwards: erase_row moves the last row (already decided: kept) into the hole.
     for (int64_t r = s.rows.size() - 1; r >= 0; --r) {
-      if (keep_none || ranks_before(kth, Ranked{score(s, r), s.rows.meta(r).key})) {
+      if (cut.keeps_none() || !cut.keeps(rank(s, r))) {
         erase_row(s, r);
         ++removed;
       }
@@ -698,15 +605,6 @@ int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_
   }
   return removed;
 }
-
-namespace {
-void check_slot_count(int given, int actual) {
-  if (given >= 0 && given != actual)
-    throw std::invalid_argument("slots buffer sized for " + std::to_string(given) +
-                                " slots per row but the table has " + std::to_string(actual) +
-                                " (its optimizer changed?)");
-}
-}  // namespace
 
 int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values_out,
                            void* slots_out, int slots_given, int64_t* last_update,
@@ -759,16 +657,9 @@ int64_t Table::import_rows(const int64_t* keys, int64_t n, const void* values_in
     std::memcpy(row, values + i * rb, rb);
     if (slots && ns) std::memcpy(row + rb, slots + i * ns * rb, rb * ns);
     s.rows.meta(r).last_update = last_update ? last_update[i] : stamp;
-    s.rows.meta(r).count = update_count ? static_cast<uint32_t>(std::min<int64_t>(
-                                         std::max<int64_t>(update_count[i], 0), UINT32_MAX))
-                                   : 0;
+    s.rows.meta(r).count = update_count ? imported_count(update_count[i]) : 0;
   });
-  if (last_update) {
-    // Keep the clock ahead of every imported stamp so recency stays meaningful.
-    int64_t mx = 0;
-    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, last_update[i]);
-    if (mx >= clock_) clock_ = mx + 1;
-  }
+  if (last_update) clock_ = clock_after_import(clock_, last_update, n);
   return enforce_capacity();
 }
 

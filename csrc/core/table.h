@@ -16,10 +16,11 @@
 #include <vector>
 
 #include "hash.h"
-#include "initializer.h"
 #include "key_index.h"
 #include "optimizer.h"
 #include "row_store.h"
+#include "semantics/new_rows.h"
+#include "semantics/restrict_ranking.h"
 #include "storage/storage.h"
 
 namespace dualemb {
@@ -73,12 +74,6 @@ class Table final : public Storage {
   int64_t evicted_total() const override { return evicted_total_.load(); }
   size_t memory_bytes() const override;
 
-  // One row's place in a restrict ranking (see restrict_locked).
-  struct Ranked {
-    double score;
-    int64_t key;
-  };
-
  private:
   struct Shard {
     Shard(int64_t width, size_t elem_size, int64_t chunk_shift)
@@ -113,13 +108,11 @@ class Table final : public Storage {
   void prepare_inserts(const Grouping& g, int64_t n_rows_for_eviction);
   // Inserts a new row for key (hash h) in shard s with its initial value and slots.
   int64_t insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp);
-  void init_slots(unsigned char* row) const;
-  // Writes key's initial row (dim elements of the value dtype) to out.
-  void fill_initial(uint64_t key, unsigned char* out) const {
-    if (value_dtype_ == DE_VALUE_FLOAT32) init_.fill(key, reinterpret_cast<float*>(out));
-    else fill_initial_converted(key, out);
+  void init_slots(unsigned char* row) const {
+    fill_new_slots(row, dim_, value_dtype_, optimizer_.get());
   }
-  void fill_initial_converted(uint64_t key, unsigned char* out) const;
+  // Writes key's initial row (dim elements of the value dtype) to out.
+  void fill_initial(uint64_t key, unsigned char* out) const { new_values_.fill(key, out); }
   // Throws std::invalid_argument if this table's value dtype cannot be trained.
   void require_trainable() const;
   size_t row_bytes() const { return value_size_ * static_cast<size_t>(dim_); }
@@ -140,8 +133,7 @@ class Table final : public Storage {
   int key_dtype_;
   int value_dtype_;    // DE_VALUE_*
   size_t value_size_;  // bytes per element
-  Initializer init_;
-  std::vector<unsigned char> initial_row_;  // see TableOptions::initial_row
+  NewRowValues new_values_;
   std::string config_json_;  // canonical JSON of the config as given, defaults filled in
   int64_t capacity_ = 0;
   RestrictBy evict_policy_ = RestrictBy::kRecency;

@@ -12,16 +12,11 @@
 #include <thread>
 #include <vector>
 
+#include "check.h"
 #include "dualemb_core.h"
 
 static int g_failures = 0;
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++g_failures;                                                        \
-    }                                                                      \
-  } while (0)
+#define CHECK(cond) DE_TEST_CHECK(g_failures, cond)
 #define OK(call) CHECK((call) == 0)
 
 static int64_t make(const char* config) {
@@ -412,6 +407,7 @@ static void test_value_dtypes() {
 
 int run_string_key_tests();  // string_keys_tests.cc
 int run_string_value_tests();  // string_values_tests.cc
+int run_semantics_tests();     // semantics_tests.cc
 
 int main() {
   test_json_specs_round_trip();
@@ -425,6 +421,7 @@ int main() {
   test_value_dtypes();
   g_failures += run_string_key_tests();
   g_failures += run_string_value_tests();
+  g_failures += run_semantics_tests();
   if (g_failures) {
     std::fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;

@@ -5,17 +5,12 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "dualemb_core.h"
 
 extern int g_string_failures;
 int g_string_failures = 0;
-#define SCHECK(cond)                                                                   \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);    \
-      ++g_string_failures;                                                             \
-    }                                                                                  \
-  } while (0)
+#define SCHECK(cond) DE_TEST_CHECK(g_string_failures, cond)
 
 namespace {
 

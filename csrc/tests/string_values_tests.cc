@@ -6,18 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "dualemb_core.h"
 
 namespace {
 
 int g_fail = 0;
-#define VCHECK(cond)                                                                   \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);    \
-      ++g_fail;                                                                        \
-    }                                                                                  \
-  } while (0)
+#define VCHECK(cond) DE_TEST_CHECK(g_fail, cond)
 
 struct In {
   std::string bytes;

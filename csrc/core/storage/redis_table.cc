@@ -11,6 +11,9 @@
 
 #include "../config.h"
 #include "../hash.h"
+#include "../semantics/duplicates.h"
+#include "../semantics/restrict_ranking.h"
+#include "../semantics/row_updates.h"
 #include "../value_dtype.h"
 #include "factory.h"
 #include "table_options.h"
@@ -26,8 +29,6 @@ constexpr int kMaxRedirects = 5;    // Cluster MOVED answers followed per call
 
 // Thrown inside a call when Cluster answered MOVED: the connection was redirected, redo.
 struct Moved {};
-
-inline void bump_count(uint32_t& c) { c += c != UINT32_MAX; }
 
 std::string field_of(int64_t key) {
   std::string f(8, '\0');
@@ -137,7 +138,7 @@ RedisTable::RedisTable(const std::string& config_text) {
                                 "rows); use the in-memory backend for other value dtypes");
   dim_ = o.dim;
   key_dtype_ = o.key_dtype;
-  init_ = o.init;
+  new_values_ = NewRowValues(o);
 
   Config r = c.get_object("redis", "redis config");
   r.check_known({"mode", "addresses", "master_name", "user", "password", "db", "name",
@@ -541,7 +542,7 @@ void RedisTable::find(const int64_t* keys, int64_t n, void* values_out, uint8_t*
                      "redis key " + buckets_[spans[c].first]);
           std::memcpy(values + p * dim_, scratch.data(), sizeof(float) * dim_);
         } else {
-          init_.fill(static_cast<uint64_t>(keys[p]), values + p * dim_);
+          new_values_.fill(static_cast<uint64_t>(keys[p]), values + p * dim_);
         }
         if (exists) exists[p] = found;
       }
@@ -550,17 +551,14 @@ void RedisTable::find(const int64_t* keys, int64_t n, void* values_out, uint8_t*
   });
 }
 
-void RedisTable::initial_values(const int64_t* keys, int64_t n, void* values_out) const {
-  float* values = static_cast<float*>(values_out);
-  for (int64_t i = 0; i < n; ++i) init_.fill(static_cast<uint64_t>(keys[i]), values + i * dim_);
+void RedisTable::initial_values(const int64_t* keys, int64_t n, void* values) const {
+  new_values_.fill(keys, n, values);
 }
 
 namespace {
 // A new row: initial slots (the values are the caller's to set).
 void init_slots(float* row, int64_t dim, const Optimizer* opt) {
-  if (!opt) return;
-  for (int s = 0; s < opt->num_slots(); ++s)
-    std::fill(row + dim * (1 + s), row + dim * (2 + s), opt->slot_initial_value(s));
+  fill_new_slots(row, dim, DE_VALUE_FLOAT32, opt);
 }
 }  // namespace
 
@@ -571,10 +569,11 @@ int64_t RedisTable::find_or_insert(const int64_t* keys, int64_t n, void* values_
     for (int64_t i = 0; i < n; ++i) {
       const int64_t j = rows.index[keys[i]];
       // A row stamped by this call was inserted by an earlier duplicate: it did not exist.
-      if (exists) exists[i] = rows.present[j] && rows.last_update[j] != stamp;
+      if (exists)
+        exists[i] = rows.present[j] && !stamped_by_this_call(rows.last_update[j], stamp);
       if (!rows.present[j]) {
         float* row = rows.row(j);
-        init_.fill(static_cast<uint64_t>(keys[i]), row);
+        new_values_.fill(static_cast<uint64_t>(keys[i]), row);
         init_slots(row, dim_, optimizer_.get());
         rows.present[j] = rows.dirty[j] = 1;
         rows.last_update[j] = stamp;
@@ -614,15 +613,15 @@ int64_t RedisTable::accum(const int64_t* keys, int64_t n, const void* deltas_in,
       const int64_t j = rows.index[keys[i]];
       float* row = rows.row(j);
       const float* d = deltas + i * dim_;
-      if (!rows.present[j] && !exists[i]) {
+      const AccumAction action = accum_action(rows.present[j], exists[i]);
+      if (action == AccumAction::kIgnore) continue;
+      if (action == AccumAction::kInsert) {
         init_slots(row, dim_, optimizer_.get());
         std::memcpy(row, d, sizeof(float) * dim_);
         rows.present[j] = 1;
         rows.count[j] = 0;
-      } else if (rows.present[j] && exists[i]) {
-        for (int64_t k = 0; k < dim_; ++k) row[k] += d[k];
       } else {
-        continue;
+        add_values(DE_VALUE_FLOAT32, row, d, dim_);
       }
       rows.dirty[j] = 1;
       rows.last_update[j] = stamp;
@@ -667,25 +666,15 @@ int64_t RedisTable::apply_gradients(const int64_t* keys, int64_t n, const float*
     if (!optimizer_)
       throw std::invalid_argument("apply_gradients: this table has no optimizer attached");
     const StepArgs args = optimizer_->prepare(lr, step);
-    // Gradients of duplicate keys are summed in batch order (the first one, then the others
-    // added), exactly as the in-memory table does, so both give the same bits.
+    // Gradients of duplicate keys summed in batch order (semantics/duplicates.h).
     std::vector<float> sum(rows.keys.size() * dim_);
-    std::vector<uint8_t> seen(rows.keys.size(), 0);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t j = rows.index[keys[i]];
-      const float* g = grads + i * dim_;
-      float* acc = sum.data() + j * dim_;
-      if (!seen[j]) {
-        std::memcpy(acc, g, sizeof(float) * dim_);
-        seen[j] = 1;
-      } else {
-        for (int64_t k = 0; k < dim_; ++k) acc[k] += g[k];
-      }
-    }
+    sum_gradients_by_group(
+        n, grads, dim_, [&](int64_t i) { return rows.index[keys[i]]; },
+        static_cast<int64_t>(rows.keys.size()), sum.data());
     for (size_t j = 0; j < rows.keys.size(); ++j) {
       float* row = rows.row(j);
       if (!rows.present[j]) {
-        init_.fill(static_cast<uint64_t>(rows.keys[j]), row);
+        new_values_.fill(static_cast<uint64_t>(rows.keys[j]), row);
         init_slots(row, dim_, optimizer_.get());
         rows.present[j] = 1;
         rows.count[j] = 0;
@@ -706,10 +695,7 @@ int64_t RedisTable::import_rows(const int64_t* keys, int64_t n, const void* valu
   const float* slots = static_cast<const float*>(slots_in);
   write_batch(keys, n, true, [&](Rows& rows, int64_t stamp) {
     const int ns = num_slots_locked();
-    if (slots_given >= 0 && slots_given != ns)
-      throw std::invalid_argument("slots buffer sized for " + std::to_string(slots_given) +
-                                  " slots per row but the table has " + std::to_string(ns) +
-                                  " (its optimizer changed?)");
+    check_slot_count(slots_given, ns);
     for (int64_t i = 0; i < n; ++i) {
       const int64_t j = rows.index[keys[i]];
       float* row = rows.row(j);
@@ -720,17 +706,10 @@ int64_t RedisTable::import_rows(const int64_t* keys, int64_t n, const void* valu
       std::memcpy(row, values + i * dim_, sizeof(float) * dim_);
       if (slots && ns) std::memcpy(row + dim_, slots + i * ns * dim_, sizeof(float) * ns * dim_);
       rows.last_update[j] = last_update ? last_update[i] : stamp;
-      rows.count[j] = update_count ? static_cast<uint32_t>(std::min<int64_t>(
-                                         std::max<int64_t>(update_count[i], 0), UINT32_MAX))
-                                   : 0;
+      rows.count[j] = update_count ? imported_count(update_count[i]) : 0;
       rows.dirty[j] = 1;
     }
-    if (last_update) {
-      // Keep the clock ahead of every imported stamp so recency stays meaningful.
-      int64_t mx = 0;
-      for (int64_t i = 0; i < n; ++i) mx = std::max(mx, last_update[i]);
-      if (mx >= rows.new_clock) rows.new_clock = mx + 1;
-    }
+    if (last_update) rows.new_clock = clock_after_import(rows.new_clock, last_update, n);
   });
   return 0;
 }
@@ -768,10 +747,7 @@ int64_t RedisTable::export_rows(int64_t offset, int64_t limit, int64_t* keys, vo
       refresh_meta(h->element[0]->element[0], h->element[0]->element[1],
                    h->element[0]->element[2]);
       const int ns = num_slots_locked();
-      if (slots_given >= 0 && slots_given != ns)
-        throw std::invalid_argument("slots buffer sized for " + std::to_string(slots_given) +
-                                    " slots per row but the table has " + std::to_string(ns) +
-                                    " (its optimizer changed?)");
+      check_slot_count(slots_given, ns);
       if (export_clock_ != meta_.clock) {
         export_keys_.clear();
         export_clock_ = meta_.clock;
@@ -852,13 +828,11 @@ int64_t RedisTable::export_rows(int64_t offset, int64_t limit, int64_t* keys, vo
 int64_t RedisTable::restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys,
                              const float* scores, int64_t n) {
   if (by == RestrictBy::kCustom) check_restrict_scores(keys, scores, n);
-  std::unordered_map<int64_t, float> custom;
-  for (int64_t i = 0; i < n; ++i) custom[keys[i]] = scores[i];  // the last of duplicates wins
+  const RestrictScorer scorer(by, keys, scores, n);
   int64_t removed = 0;
   write_batch(nullptr, 0, false, [&](Rows& rows, int64_t) {
-    // Under the WATCH of write_batch: list every row's score, rank like the in-memory table
-    // (higher score first, then the smaller key), erase those after the num_reserved-th.
-    struct Ranked { double score; int64_t key; };
+    // Under the WATCH of write_batch: list every row's rank, erase those the cut does not keep
+    // (semantics/restrict_ranking.h).
     std::vector<Ranked> all;
     for (size_t b = 0; b < buckets_.size(); ++b) {
       std::string cursor = "0";
@@ -879,24 +853,15 @@ int64_t RedisTable::restrict(int64_t num_reserved, RestrictBy by, const int64_t*
           int64_t lu;
           std::memcpy(&cnt, v->str + 4, 4);
           std::memcpy(&lu, v->str + 8, 8);
-          double s = 0;
-          if (by == RestrictBy::kRecency) s = static_cast<double>(lu);
-          else if (by == RestrictBy::kFrequency) s = static_cast<double>(cnt);
-          else {
-            auto it = custom.find(k);
-            s = it == custom.end() ? -std::numeric_limits<double>::infinity() : it->second;
-          }
-          all.push_back({s, k});
+          all.push_back(scorer.rank(k, lu, cnt));
         }
       } while (cursor != "0");
     }
     if (static_cast<int64_t>(all.size()) <= num_reserved) return;
-    auto before = [](const Ranked& a, const Ranked& b) {
-      return a.score > b.score || (a.score == b.score && a.key < b.key);
-    };
-    std::sort(all.begin(), all.end(), before);
-    for (size_t i = static_cast<size_t>(num_reserved); i < all.size(); ++i) {
-      const int64_t j = rows.add(all[i].key);
+    const RestrictCut cut(all, num_reserved);
+    for (const Ranked& r : all) {
+      if (cut.keeps(r)) continue;
+      const int64_t j = rows.add(r.key);  // may grow rows' vectors: index them after
       rows.erased[j] = 1;
     }
     removed = static_cast<int64_t>(all.size()) - num_reserved;

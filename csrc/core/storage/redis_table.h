@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "../initializer.h"
 #include "../optimizer.h"
+#include "../semantics/new_rows.h"
 #include "redis_connection.h"
 #include "storage.h"
 
@@ -94,7 +94,7 @@ class RedisTable final : public Storage {
 
   int64_t dim_;
   int key_dtype_;
-  Initializer init_;
+  NewRowValues new_values_;
   std::string config_json_;
   std::string prefix_;  // de:{name/tag/shard}
   std::vector<std::string> buckets_;

@@ -1,12 +1,16 @@
 // storage.h — the interface every table backend implements: the batched operations of the C ABI.
 //
-// The registry holds tables through this interface; c_api.cc calls it once per batch, so the
-// virtual call costs one indirect jump per batch, never per key. Two implementations:
+// The backend boundary. The table facade (table_facade.h) owns one Storage per table and calls
+// it once per batch, so the virtual call costs one indirect jump per batch, never per key.
+// Implementations:
 //  * Table (csrc/core/table.h): the in-memory hash table (the default, the hot path);
-//  * RedisTable (redis_table.h): rows kept in a Redis server or cluster (`"backend": "redis"`).
+//  * RedisTable (redis_table.h): rows kept in a Redis server or cluster (`"backend": "redis"`);
+//  * StringValueStorage (string_value_storage.h): a layer over either for value dtype string.
 // Every implementation has the same semantics (dualemb_core.h documents them): find does not
-// insert, TFRA's accum rule, duplicate gradients summed, initial rows a pure function of
-// (seed, key), and a failed call leaves the table unchanged.
+// insert, TFRA's accum rule, duplicate gradients summed in batch order, restrict's ranking,
+// initial rows a pure function of (seed, key), and a failed call leaves the table unchanged.
+// Those rules are written once, in semantics/, for every backend to use; table_facade.h lists
+// the steps of adding a backend.
 #ifndef DUALEMB_STORAGE_STORAGE_H_
 #define DUALEMB_STORAGE_STORAGE_H_
 

@@ -1,4 +1,4 @@
-#include "c_api_strings.h"
+#include "string_key_table.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,50 +11,17 @@
 #include <string_view>
 #include <vector>
 
-#include "registry.h"
-#include "storage/storage.h"
-#include "string_keys.h"
+#include "string_batch.h"
 #include "value_dtype.h"
 
 namespace dualemb {
-namespace string_api {
 namespace {
-
-const char* key_dtype_name(int d) {
-  return d == DE_KEY_INT64 ? "int64" : d == DE_KEY_INT32 ? "int32" : d == DE_KEY_STRING ? "string" : "unknown";
-}
-
-// The table, which must have string keys.
-TableRef string_table(int64_t id) {
-  TableRef ref = get_table_ref(id);
-  if (!ref.keys)
-    throw std::invalid_argument(std::string("keys have dtype string but the table's key dtype is ") +
-                                key_dtype_name(ref.storage->key_dtype()));
-  return ref;
-}
 
 // The n strings of a de_string_keys, checked.
 std::vector<std::string_view> read_keys(const void* keys, int64_t n) {
   if (n < 0) throw std::invalid_argument("negative key count " + std::to_string(n));
-  std::vector<std::string_view> out;
-  if (n == 0) return out;
-  if (!keys) throw std::invalid_argument("keys pointer is null");
-  const auto* k = static_cast<const de_string_keys*>(keys);
-  if (!k->offsets) throw std::invalid_argument("string keys: offsets pointer is null");
-  if (k->offsets[0] < 0) throw std::invalid_argument("string keys: offsets[0] is negative");
-  for (int64_t i = 0; i < n; ++i)
-    if (k->offsets[i + 1] < k->offsets[i])
-      throw std::invalid_argument("string keys: offsets decrease at position " + std::to_string(i));
-  if (k->offsets[n] > k->offsets[0] && !k->bytes)
-    throw std::invalid_argument("string keys: bytes pointer is null");
-  out.reserve(n);
-  for (int64_t i = 0; i < n; ++i)
-    out.emplace_back(k->bytes + k->offsets[i], static_cast<size_t>(k->offsets[i + 1] - k->offsets[i]));
-  return out;
-}
-
-void require(const void* p, int64_t n, const char* name) {
-  if (n > 0 && p == nullptr) throw std::invalid_argument(std::string(name) + " pointer is null");
+  if (n > 0 && !keys) throw std::invalid_argument("keys pointer is null");
+  return read_string_batch(keys, n, "string keys", "position");
 }
 
 // Bytes of one value row in the table's value dtype (rows cross the C ABI as raw bytes).
@@ -166,58 +133,56 @@ using Shared = std::shared_lock<std::shared_mutex>;
 
 }  // namespace
 
-bool is_string_table(int64_t id) { return get_table_ref(id).keys != nullptr; }
-
-void find(int64_t id, const void* keys, int64_t n, void* values, uint8_t* exists) {
-  TableRef t = string_table(id);
+void StringKeyTable::find(const void* keys, int64_t n, void* values, uint8_t* exists) const {
   auto sv = read_keys(keys, n);
-  require(values, n, "values");
-  Shared lock(t.keys->mutex());
+  Shared lock(map_.mutex());
   std::vector<int64_t> ids(n);
   std::vector<uint8_t> known(n), found(n);
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t k = t.keys->find(sv[i]);
+    const int64_t k = map_.find(sv[i]);
     known[i] = k >= 0;
     // An unknown string is looked up by its fingerprint only to fill the row in one pass; the
     // row it may hit belongs to another string and is overwritten below.
     ids[i] = k >= 0 ? k : string_init_key(sv[i]);
   }
-  t.storage->find(ids.data(), n, values, found.data());
+  rows_.find(ids.data(), n, values, found.data());
   for (int64_t i = 0; i < n; ++i) {
     const bool wrong_row = known[i] ? (!found[i] && ids[i] != string_init_key(sv[i])) : found[i];
-    if (wrong_row) write_initial(*t.storage, sv[i], values, i);
+    if (wrong_row) write_initial(rows_, sv[i], values, i);
     if (exists) exists[i] = known[i] && found[i];
   }
 }
 
-// A write that may add strings: maps them (adding the new ones), runs write(ids) -> evicted,
-// then compacts the map. If the write throws, the strings it added leave the map again unless
-// their row exists. The caller holds the map's exclusive lock.
+// A write that may add strings: reads and maps them (adding the new ones) under the map's
+// exclusive lock, runs write(strings, ids) -> evicted, then compacts the map. If the write
+// throws, the strings it added leave the map again unless their row exists.
 template <class Write>
-int64_t write_adding(TableRef& t, const std::vector<std::string_view>& sv, Write&& write) {
+int64_t StringKeyTable::write_adding(const void* keys, int64_t n, Write&& write) {
+  const std::vector<std::string_view> sv = read_keys(keys, n);
+  Exclusive lock(map_.mutex());
   std::vector<int64_t> added;
-  const std::vector<int64_t> ids = ids_adding(*t.keys, sv, &added);
+  const std::vector<int64_t> ids = ids_adding(map_, sv, &added);
   int64_t evicted = 0;
   try {
-    evicted = write(ids);
+    evicted = write(sv, ids);
   } catch (...) {
-    roll_back(*t.keys, *t.storage, added);
+    roll_back(map_, rows_, added);
     throw;
   }
-  maybe_compact(*t.keys, *t.storage);
+  maybe_compact(map_, rows_);
   return evicted;
 }
 
-int64_t find_or_insert(int64_t id, const void* keys, int64_t n, void* values, uint8_t* exists) {
-  TableRef t = string_table(id);
-  auto sv = read_keys(keys, n);
-  require(values, n, "values");
-  Exclusive lock(t.keys->mutex());
-  return write_adding(t, sv, [&](const std::vector<int64_t>& ids) {
+using Strings = std::vector<std::string_view>;
+using Ids = std::vector<int64_t>;
+
+int64_t StringKeyTable::find_or_insert(const void* keys, int64_t n, void* values,
+                                       uint8_t* exists) {
+  return write_adding(keys, n, [&](const Strings& sv, const Ids& ids) {
     int64_t evicted = 0;
-    const auto made = make_probed_rows(*t.storage, sv, ids, &evicted);
+    const auto made = make_probed_rows(rows_, sv, ids, &evicted);
     std::vector<uint8_t> ex(n);
-    evicted += t.storage->find_or_insert(ids.data(), n, values, ex.data());
+    evicted += rows_.find_or_insert(ids.data(), n, values, ex.data());
     if (exists)
       for (int64_t i = 0; i < n; ++i)
         exists[i] = ex[i] && !std::binary_search(made.begin(), made.end(), ids[i]);
@@ -225,127 +190,128 @@ int64_t find_or_insert(int64_t id, const void* keys, int64_t n, void* values, ui
   });
 }
 
-int64_t insert_or_assign(int64_t id, const void* keys, int64_t n, const void* values) {
-  TableRef t = string_table(id);
-  auto sv = read_keys(keys, n);
-  require(values, n, "values");
-  Exclusive lock(t.keys->mutex());
-  return write_adding(t, sv, [&](const std::vector<int64_t>& ids) {
-    return t.storage->insert_or_assign(ids.data(), n, values);
+int64_t StringKeyTable::insert_or_assign(const void* keys, int64_t n, const void* values) {
+  return write_adding(keys, n, [&](const Strings&, const Ids& ids) {
+    return rows_.insert_or_assign(ids.data(), n, values);
   });
 }
 
-int64_t accum(int64_t id, const void* keys, int64_t n, const void* deltas,
-              const uint8_t* exists) {
-  TableRef t = string_table(id);
-  auto sv = read_keys(keys, n);
-  require(deltas, n, "deltas");
-  require(exists, n, "exists");
-  Exclusive lock(t.keys->mutex());
+// accum(ids) of the strings: an unknown string with exists = 1 is ignored by accum, so it got no
+// row and leaves the map again.
+template <class Accum>
+static int64_t accum_strings(Storage& rows, StringKeys& map,
+                             const std::vector<std::string_view>& sv, Accum&& accum) {
   std::vector<int64_t> added;
-  auto ids = ids_adding(*t.keys, sv, &added);
+  auto ids = ids_adding(map, sv, &added);
   int64_t evicted;
   try {
-    evicted = t.storage->accum(ids.data(), n, deltas, exists);
+    evicted = accum(ids);
   } catch (...) {
-    roll_back(*t.keys, *t.storage, added);
+    roll_back(map, rows, added);
     throw;
   }
-  // An unknown string with exists = 1 is ignored by accum: it got no row, so it leaves the map.
-  roll_back(*t.keys, *t.storage, added);
-  maybe_compact(*t.keys, *t.storage);
+  roll_back(map, rows, added);
+  maybe_compact(map, rows);
   return evicted;
 }
 
-void erase(int64_t id, const void* keys, int64_t n) {
-  TableRef t = string_table(id);
+int64_t StringKeyTable::accum(const void* keys, int64_t n, const void* deltas,
+                              const uint8_t* exists) {
   auto sv = read_keys(keys, n);
-  Exclusive lock(t.keys->mutex());
+  Exclusive lock(map_.mutex());
+  return accum_strings(rows_, map_, sv, [&](const Ids& ids) {
+    return rows_.accum(ids.data(), n, deltas, exists);
+  });
+}
+
+int64_t StringKeyTable::accum_rows(const void* keys, int64_t n, const void* old_values,
+                                   const void* new_values, const uint8_t* exists) {
+  auto sv = read_keys(keys, n);
+  Exclusive lock(map_.mutex());
+  return accum_strings(rows_, map_, sv, [&](const Ids& ids) {
+    return rows_.accum_rows(ids.data(), n, old_values, new_values, exists);
+  });
+}
+
+void StringKeyTable::erase(const void* keys, int64_t n) {
+  auto sv = read_keys(keys, n);
+  Exclusive lock(map_.mutex());
   std::vector<int64_t> ids;
   ids.reserve(sv.size());
   for (auto s : sv) {
-    const int64_t k = t.keys->find(s);
+    const int64_t k = map_.find(s);
     if (k >= 0) ids.push_back(k);
   }
-  t.storage->erase(ids.data(), static_cast<int64_t>(ids.size()));
-  for (int64_t k : ids) t.keys->remove_id(k);
+  rows_.erase(ids.data(), static_cast<int64_t>(ids.size()));
+  for (int64_t k : ids) map_.remove_id(k);
 }
 
-void clear(int64_t id) {
-  TableRef t = get_table_ref(id);
-  Exclusive lock(t.keys->mutex());
-  t.storage->clear();
-  t.keys->clear();
+void StringKeyTable::clear() {
+  Exclusive lock(map_.mutex());
+  rows_.clear();
+  map_.clear();
 }
 
-int64_t apply_gradients(int64_t id, const void* keys, int64_t n, const void* grads, float lr,
-                        int64_t step) {
-  TableRef t = string_table(id);
-  auto sv = read_keys(keys, n);
-  require(grads, n, "grads");
-  if (step < 1) throw std::invalid_argument("step must be >= 1 (the 1-based update count)");
-  Exclusive lock(t.keys->mutex());
-  // Refused before any string is added or any row is made (describe() ends with
-  // ,"optimizer":null} exactly when none is attached).
-  const std::string d = t.storage->describe();
-  static const std::string kNone = ",\"optimizer\":null}";
-  if (d.size() >= kNone.size() && d.compare(d.size() - kNone.size(), kNone.size(), kNone) == 0)
-    throw std::invalid_argument("this table has no optimizer attached");
-  return write_adding(t, sv, [&](const std::vector<int64_t>& ids) {
+int64_t StringKeyTable::apply_gradients(const void* keys, int64_t n, const float* grads,
+                                        float lr, int64_t step) {
+  {
+    // Refused before any string is added or any row is made (describe() ends with
+    // ,"optimizer":null} exactly when none is attached).
+    const std::string d = rows_.describe();
+    static const std::string kNone = ",\"optimizer\":null}";
+    if (d.size() >= kNone.size() && d.compare(d.size() - kNone.size(), kNone.size(), kNone) == 0)
+      throw std::invalid_argument("this table has no optimizer attached");
+  }
+  return write_adding(keys, n, [&](const Strings& sv, const Ids& ids) {
     int64_t evicted = 0;
-    make_probed_rows(*t.storage, sv, ids, &evicted);
-    evicted += t.storage->apply_gradients(ids.data(), n, static_cast<const float*>(grads), lr, step);
+    make_probed_rows(rows_, sv, ids, &evicted);
+    evicted += rows_.apply_gradients(ids.data(), n, grads, lr, step);
     return evicted;
   });
 }
 
-int64_t restrict_rows(int64_t id, int64_t num_reserved, int32_t policy, const void* keys,
-                      const float* scores, int64_t n) {
-  TableRef t = get_table_ref(id);
+int64_t StringKeyTable::restrict_rows(int64_t num_reserved, RestrictBy by, const void* keys,
+                                      const float* scores, int64_t n) {
   std::vector<int64_t> ids;
   std::vector<float> sc;
   std::vector<std::string_view> sv;
-  if (policy == DE_RESTRICT_CUSTOM) {
+  if (by == RestrictBy::kCustom) {
     sv = read_keys(keys, n);
-    require(scores, n, "scores");
     for (int64_t i = 0; i < n; ++i)
       if (std::isnan(scores[i]))
         throw std::invalid_argument("the score of the string key at position " +
                                     std::to_string(i) +
                                     " is NaN; scores must be numbers (+-inf allowed)");
   }
-  Exclusive lock(t.keys->mutex());
+  Exclusive lock(map_.mutex());
   for (size_t i = 0; i < sv.size(); ++i) {
-    const int64_t k = t.keys->find(sv[i]);
+    const int64_t k = map_.find(sv[i]);
     if (k < 0) continue;  // no row: its score ranks nothing
     ids.push_back(k);
     sc.push_back(scores[i]);
   }
-  const int64_t removed = t.storage->restrict(num_reserved, static_cast<RestrictBy>(policy),
-                                              ids.data(), sc.data(), static_cast<int64_t>(ids.size()));
-  compact(*t.keys, *t.storage);
+  const int64_t removed = rows_.restrict(num_reserved, by, ids.data(), sc.data(),
+                                         static_cast<int64_t>(ids.size()));
+  compact(map_, rows_);
   return removed;
 }
 
-int64_t export_rows(int64_t id, int64_t offset, int64_t limit, de_string_keys_out* out,
-                    void* values, void* slots, int32_t num_slots, int64_t* last_update,
-                    int64_t* update_count) {
-  TableRef t = string_table(id);
-  if (offset < 0 || limit < 0) throw std::invalid_argument("offset and limit must be >= 0");
+int64_t StringKeyTable::export_rows(int64_t offset, int64_t limit, de_string_keys_out* out,
+                                    void* values, void* slots, int slots_given,
+                                    int64_t* last_update, int64_t* update_count) const {
   if (!out->offsets) throw std::invalid_argument("string keys out: offsets pointer is null");
   if (out->capacity < 0) throw std::invalid_argument("string keys out: negative capacity");
   if (out->capacity > 0 && !out->bytes)
     throw std::invalid_argument("string keys out: bytes pointer is null");
-  Shared lock(t.keys->mutex());
-  std::vector<int64_t> ids(static_cast<size_t>(std::min<int64_t>(limit, t.storage->size())));
-  const int64_t got = t.storage->export_rows(
-      offset, static_cast<int64_t>(ids.size()), ids.data(), values,
-      slots, slots ? num_slots : -1, last_update, update_count);
+  Shared lock(map_.mutex());
+  std::vector<int64_t> ids(static_cast<size_t>(std::min<int64_t>(limit, rows_.size())));
+  const int64_t got = rows_.export_rows(offset, static_cast<int64_t>(ids.size()), ids.data(),
+                                        values, slots, slots_given, last_update, update_count);
   int64_t used = 0, written = 0;
   out->offsets[0] = 0;
   out->needed = 0;
   for (; written < got; ++written) {
-    const std::string* s = t.keys->string_of(ids[written]);
+    const std::string* s = map_.string_of(ids[written]);
     if (!s) throw std::logic_error("internal error: a row of a string table has no string");
     const int64_t len = static_cast<int64_t>(s->size());
     if (used + len > out->capacity) {
@@ -359,34 +325,26 @@ int64_t export_rows(int64_t id, int64_t offset, int64_t limit, de_string_keys_ou
   return written;
 }
 
-int64_t import_rows(int64_t id, const void* keys, int64_t n, const void* values,
-                    const void* slots, int32_t num_slots, const int64_t* last_update,
-                    const int64_t* update_count) {
-  TableRef t = string_table(id);
-  auto sv = read_keys(keys, n);
-  require(values, n, "values");
-  Exclusive lock(t.keys->mutex());
-  return write_adding(t, sv, [&](const std::vector<int64_t>& ids) {
-    return t.storage->import_rows(ids.data(), n, values, slots, slots ? num_slots : -1,
-                                  last_update, update_count);
+int64_t StringKeyTable::import_rows(const void* keys, int64_t n, const void* values,
+                                    const void* slots, int slots_given,
+                                    const int64_t* last_update, const int64_t* update_count) {
+  return write_adding(keys, n, [&](const Strings&, const Ids& ids) {
+    return rows_.import_rows(ids.data(), n, values, slots, slots_given, last_update,
+                             update_count);
   });
 }
 
-void initial_values(int64_t id, const void* keys, int64_t n, void* values) {
-  TableRef t = string_table(id);
+void StringKeyTable::initial_values(const void* keys, int64_t n, void* values) const {
   auto sv = read_keys(keys, n);
-  require(values, n, "values");
   std::vector<int64_t> k(n);
   for (int64_t i = 0; i < n; ++i) k[i] = string_init_key(sv[i]);
-  t.storage->initial_values(k.data(), n, values);
+  rows_.initial_values(k.data(), n, values);
 }
 
-void stats(int64_t id, int64_t* entries, int64_t* key_bytes) {
-  TableRef t = string_table(id);
-  Shared lock(t.keys->mutex());
-  if (entries) *entries = t.keys->entries();
-  if (key_bytes) *key_bytes = t.keys->key_bytes();
+void StringKeyTable::stats(int64_t* entries, int64_t* key_bytes) const {
+  Shared lock(map_.mutex());
+  if (entries) *entries = map_.entries();
+  if (key_bytes) *key_bytes = map_.key_bytes();
 }
 
-}  // namespace string_api
 }  // namespace dualemb
