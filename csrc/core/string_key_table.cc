@@ -121,9 +121,8 @@ std::vector<int64_t> make_probed_rows(Storage& st, const std::vector<std::string
     write_initial(st, cand_s[j], rows.data(), static_cast<int64_t>(make.size() - 1));
   }
   if (make.empty()) return {};
-  *evicted += st.import_rows(make.data(), static_cast<int64_t>(make.size()),
-                             rows.data(), nullptr, -1, nullptr,
-                             nullptr);
+  *evicted += st.import_rows(make.data(), static_cast<int64_t>(make.size()), rows.data(), nullptr,
+                             -1, nullptr, nullptr);
   std::sort(make.begin(), make.end());
   return make;
 }
@@ -176,8 +175,7 @@ int64_t StringKeyTable::write_adding(const void* keys, int64_t n, Write&& write)
 using Strings = std::vector<std::string_view>;
 using Ids = std::vector<int64_t>;
 
-int64_t StringKeyTable::find_or_insert(const void* keys, int64_t n, void* values,
-                                       uint8_t* exists) {
+int64_t StringKeyTable::find_or_insert(const void* keys, int64_t n, void* values, uint8_t* exists) {
   return write_adding(keys, n, [&](const Strings& sv, const Ids& ids) {
     int64_t evicted = 0;
     const auto made = make_probed_rows(rows_, sv, ids, &evicted);
@@ -219,9 +217,8 @@ int64_t StringKeyTable::accum(const void* keys, int64_t n, const void* deltas,
                               const uint8_t* exists) {
   auto sv = read_keys(keys, n);
   Exclusive lock(map_.mutex());
-  return accum_strings(rows_, map_, sv, [&](const Ids& ids) {
-    return rows_.accum(ids.data(), n, deltas, exists);
-  });
+  return accum_strings(rows_, map_, sv,
+                       [&](const Ids& ids) { return rows_.accum(ids.data(), n, deltas, exists); });
 }
 
 int64_t StringKeyTable::accum_rows(const void* keys, int64_t n, const void* old_values,
@@ -252,8 +249,8 @@ void StringKeyTable::clear() {
   map_.clear();
 }
 
-int64_t StringKeyTable::apply_gradients(const void* keys, int64_t n, const float* grads,
-                                        float lr, int64_t step) {
+int64_t StringKeyTable::apply_gradients(const void* keys, int64_t n, const float* grads, float lr,
+                                        int64_t step) {
   {
     // Refused before any string is added or any row is made (describe() ends with
     // ,"optimizer":null} exactly when none is attached).
@@ -279,8 +276,7 @@ int64_t StringKeyTable::restrict_rows(int64_t num_reserved, RestrictBy by, const
     sv = read_keys(keys, n);
     for (int64_t i = 0; i < n; ++i)
       if (std::isnan(scores[i]))
-        throw std::invalid_argument("the score of the string key at position " +
-                                    std::to_string(i) +
+        throw std::invalid_argument("the score of the string key at position " + std::to_string(i) +
                                     " is NaN; scores must be numbers (+-inf allowed)");
   }
   Exclusive lock(map_.mutex());
@@ -290,8 +286,8 @@ int64_t StringKeyTable::restrict_rows(int64_t num_reserved, RestrictBy by, const
     ids.push_back(k);
     sc.push_back(scores[i]);
   }
-  const int64_t removed = rows_.restrict(num_reserved, by, ids.data(), sc.data(),
-                                         static_cast<int64_t>(ids.size()));
+  const int64_t removed =
+      rows_.restrict(num_reserved, by, ids.data(), sc.data(), static_cast<int64_t>(ids.size()));
   compact(map_, rows_);
   return removed;
 }
@@ -326,11 +322,10 @@ int64_t StringKeyTable::export_rows(int64_t offset, int64_t limit, de_string_key
 }
 
 int64_t StringKeyTable::import_rows(const void* keys, int64_t n, const void* values,
-                                    const void* slots, int slots_given,
-                                    const int64_t* last_update, const int64_t* update_count) {
+                                    const void* slots, int slots_given, const int64_t* last_update,
+                                    const int64_t* update_count) {
   return write_adding(keys, n, [&](const Strings&, const Ids& ids) {
-    return rows_.import_rows(ids.data(), n, values, slots, slots_given, last_update,
-                             update_count);
+    return rows_.import_rows(ids.data(), n, values, slots, slots_given, last_update, update_count);
   });
 }
 

@@ -27,15 +27,14 @@ class StringKeyTable {
   int64_t find_or_insert(const void* keys, int64_t n, void* values, uint8_t* exists);
   int64_t insert_or_assign(const void* keys, int64_t n, const void* values);
   int64_t accum(const void* keys, int64_t n, const void* deltas, const uint8_t* exists);
-  int64_t accum_rows(const void* keys, int64_t n, const void* old_values,
-                     const void* new_values, const uint8_t* exists);
+  int64_t accum_rows(const void* keys, int64_t n, const void* old_values, const void* new_values,
+                     const uint8_t* exists);
   void erase(const void* keys, int64_t n);
   void clear();
-  int64_t apply_gradients(const void* keys, int64_t n, const float* grads, float lr,
-                          int64_t step);
+  int64_t apply_gradients(const void* keys, int64_t n, const float* grads, float lr, int64_t step);
   // keys and scores are read only for RestrictBy::kCustom.
-  int64_t restrict_rows(int64_t num_reserved, RestrictBy by, const void* keys,
-                        const float* scores, int64_t n);
+  int64_t restrict_rows(int64_t num_reserved, RestrictBy by, const void* keys, const float* scores,
+                        int64_t n);
   int64_t export_rows(int64_t offset, int64_t limit, de_string_keys_out* keys, void* values,
                       void* slots, int slots_given, int64_t* last_update,
                       int64_t* update_count) const;

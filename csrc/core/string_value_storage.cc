@@ -34,7 +34,8 @@ de_string_values_out* output(void* values, int64_t rows) {
 }
 
 // Writes the strings of `rows` rows of handles to `out` (see dualemb_core.h).
-void emit(const StringValues& pool, const int64_t* handles, int64_t rows, de_string_values_out* out) {
+void emit(const StringValues& pool, const int64_t* handles, int64_t rows,
+          de_string_values_out* out) {
   if (!out) return;
   const int64_t dim = pool.dim(), count = rows * dim;
   std::vector<std::string_view> sv(static_cast<size_t>(count));
@@ -94,8 +95,7 @@ StringValueStorage::StringValueStorage(std::shared_ptr<Storage> handles,
                                        std::vector<std::string> defaults)
     : rows_(std::move(handles)), pool_(std::move(defaults)) {}
 
-void StringValueStorage::find(const int64_t* keys, int64_t n, void* values,
-                              uint8_t* exists) const {
+void StringValueStorage::find(const int64_t* keys, int64_t n, void* values, uint8_t* exists) const {
   auto* out = output(values, n);
   Shared lock(pool_.mutex());
   std::vector<uint8_t> ex;
@@ -155,8 +155,7 @@ int64_t StringValueStorage::write_strings(const int64_t* keys, int64_t n, const 
   return evicted;
 }
 
-int64_t StringValueStorage::insert_or_assign(const int64_t* keys, int64_t n,
-                                             const void* values) {
+int64_t StringValueStorage::insert_or_assign(const int64_t* keys, int64_t n, const void* values) {
   Exclusive lock(pool_.mutex());
   return write_strings(keys, n, values, [&](const int64_t* handles) {
     return rows_->insert_or_assign(keys, n, handles);
@@ -165,8 +164,7 @@ int64_t StringValueStorage::insert_or_assign(const int64_t* keys, int64_t n,
 
 int64_t StringValueStorage::import_rows(const int64_t* keys, int64_t n, const void* values,
                                         const void* slots, int slots_given,
-                                        const int64_t* last_update,
-                                        const int64_t* update_count) {
+                                        const int64_t* last_update, const int64_t* update_count) {
   if (slots && slots_given > 0)
     throw std::invalid_argument("a table of value dtype string has no optimizer slots");
   Exclusive lock(pool_.mutex());
@@ -184,8 +182,7 @@ int64_t StringValueStorage::accum_rows(const int64_t*, int64_t, const void*, con
   refuse("accum");
 }
 
-int64_t StringValueStorage::apply_gradients(const int64_t*, int64_t, const float*, float,
-                                            int64_t) {
+int64_t StringValueStorage::apply_gradients(const int64_t*, int64_t, const float*, float, int64_t) {
   refuse("apply_gradients (training)");
 }
 
@@ -213,9 +210,9 @@ int64_t StringValueStorage::restrict(int64_t num_reserved, RestrictBy by, const 
   return removed;
 }
 
-int64_t StringValueStorage::export_rows(int64_t offset, int64_t limit, int64_t* keys,
-                                        void* values, void*, int slots_given,
-                                        int64_t* last_update, int64_t* update_count) const {
+int64_t StringValueStorage::export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values,
+                                        void*, int slots_given, int64_t* last_update,
+                                        int64_t* update_count) const {
   auto* out = static_cast<de_string_values_out*>(values);
   if (out) output(values, 0);  // checks its members
   Shared lock(pool_.mutex());

@@ -36,14 +36,12 @@ class StringValueStorage final : public Storage {
   void set_num_threads(int n) override { rows_->set_num_threads(n); }
 
   void find(const int64_t* keys, int64_t n, void* values, uint8_t* exists) const override;
-  int64_t find_or_insert(const int64_t* keys, int64_t n, void* values,
-                         uint8_t* exists) override;
+  int64_t find_or_insert(const int64_t* keys, int64_t n, void* values, uint8_t* exists) override;
   int64_t insert_or_assign(const int64_t* keys, int64_t n, const void* values) override;
   // Refused: accum needs numeric values.
-  int64_t accum(const int64_t* keys, int64_t n, const void* deltas,
-                const uint8_t* exists) override;
-  int64_t accum_rows(const int64_t* keys, int64_t n, const void* old_values,
-                     const void* new_values, const uint8_t* exists) override;
+  int64_t accum(const int64_t* keys, int64_t n, const void* deltas, const uint8_t* exists) override;
+  int64_t accum_rows(const int64_t* keys, int64_t n, const void* old_values, const void* new_values,
+                     const uint8_t* exists) override;
   void erase(const int64_t* keys, int64_t n) override;
   void clear() override;
   int64_t size() const override { return rows_->size(); }
@@ -54,8 +52,7 @@ class StringValueStorage final : public Storage {
   int64_t restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys, const float* scores,
                    int64_t n) override;
   int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values, void* slots,
-                      int slots_given, int64_t* last_update,
-                      int64_t* update_count) const override;
+                      int slots_given, int64_t* last_update, int64_t* update_count) const override;
   int64_t import_rows(const int64_t* keys, int64_t n, const void* values, const void* slots,
                       int slots_given, const int64_t* last_update,
                       const int64_t* update_count) override;

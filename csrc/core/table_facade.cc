@@ -92,8 +92,8 @@ int64_t TableFacade::accum(const KeyBatch& k, const void* deltas, const uint8_t*
   return rows_->accum(WideKeys(k).data(), k.n, deltas, exists);
 }
 
-int64_t TableFacade::accum_rows(const KeyBatch& k, const void* old_values,
-                                const void* new_values, const uint8_t* exists) {
+int64_t TableFacade::accum_rows(const KeyBatch& k, const void* old_values, const void* new_values,
+                                const uint8_t* exists) {
   check_batch(k);
   if (strings_) return strings_->accum_rows(k.data, k.n, old_values, new_values, exists);
   return rows_->accum_rows(WideKeys(k).data(), k.n, old_values, new_values, exists);
@@ -145,8 +145,8 @@ int64_t TableFacade::restrict(int64_t num_reserved, int32_t policy, const KeyBat
 }
 
 int64_t TableFacade::export_rows(int64_t offset, int64_t limit, int32_t key_dtype, void* keys,
-                                 void* values, void* slots, int32_t num_slots,
-                                 int64_t* last_update, int64_t* update_count) const {
+                                 void* values, void* slots, int32_t num_slots, int64_t* last_update,
+                                 int64_t* update_count) const {
   if (offset < 0 || limit < 0) throw std::invalid_argument("offset and limit must be >= 0");
   const int slots_given = slots ? num_slots : -1;
   if (keys && key_dtype == DE_KEY_STRING)

@@ -82,8 +82,7 @@ class TableFacade {
   void reserve(int64_t n);
   int64_t apply_gradients(const KeyBatch& keys, const float* grads, float lr, int64_t step);
   // `policy` is DE_RESTRICT_*; keys and scores are read only for DE_RESTRICT_CUSTOM.
-  int64_t restrict(int64_t num_reserved, int32_t policy, const KeyBatch& keys,
-                   const float* scores);
+  int64_t restrict(int64_t num_reserved, int32_t policy, const KeyBatch& keys, const float* scores);
   // `keys` (may be null) is a buffer of `key_dtype`: int64_t/int32_t[limit] or a
   // de_string_keys_out. `num_slots` is what `slots` (may be null) was sized for.
   int64_t export_rows(int64_t offset, int64_t limit, int32_t key_dtype, void* keys, void* values,

@@ -5,12 +5,12 @@
 
 #include <cstdio>
 
-#define DE_TEST_CHECK(counter, cond)                                                   \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);    \
-      ++(counter);                                                                     \
-    }                                                                                  \
+#define DE_TEST_CHECK(counter, cond)                                                \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++(counter);                                                                  \
+    }                                                                               \
   } while (0)
 
 #endif  // DUALEMB_TESTS_CHECK_H_

@@ -112,8 +112,8 @@ void duplicates_sum_in_batch_order() {
   }
   XCHECK(groups == static_cast<int64_t>(want.size()));
   std::vector<float> sums(groups * dim);
-  dualemb::sum_gradients_by_group(n, grads.data(), dim, [&](int64_t i) { return group[i]; },
-                                  groups, sums.data());
+  dualemb::sum_gradients_by_group(
+      n, grads.data(), dim, [&](int64_t i) { return group[i]; }, groups, sums.data());
   for (int64_t g = 0; g < groups; ++g)
     XCHECK(std::memcmp(sums.data() + g * dim, want[first_order[g]].data(),
                        sizeof(float) * dim) == 0);  // bit for bit

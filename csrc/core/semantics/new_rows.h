@@ -24,14 +24,19 @@ class NewRowValues {
  public:
   NewRowValues() = default;
   explicit NewRowValues(const TableOptions& o)
-      : init_(o.init), initial_row_(o.initial_row), dim_(o.dim), value_dtype_(o.value_dtype),
+      : init_(o.init),
+        initial_row_(o.initial_row),
+        dim_(o.dim),
+        value_dtype_(o.value_dtype),
         row_bytes_(o.value_size * static_cast<size_t>(o.dim)) {}
 
   // Writes key's initial row (dim elements of the value dtype) to out. Inline: the in-memory
   // table calls it per new key.
   void fill(uint64_t key, void* out) const {
-    if (value_dtype_ == DE_VALUE_FLOAT32) init_.fill(key, static_cast<float*>(out));
-    else fill_converted(key, out);
+    if (value_dtype_ == DE_VALUE_FLOAT32)
+      init_.fill(key, static_cast<float*>(out));
+    else
+      fill_converted(key, out);
   }
   // The initial rows of n keys, row after row.
   void fill(const int64_t* keys, int64_t n, void* out) const {
