@@ -159,8 +159,7 @@ def _compute_layout(tx, dim: int) -> _Layout:
         else:
             raise TypeError(
                 f"the generic optimizer path cannot carry {tx!r}: its {path} is neither a "
-                f"per-row leaf of shape ({dim},) in one of {', '.join(_ROW_DTYPES)} nor a "
-                "scalar")
+                f"per-row float leaf of shape ({dim},) ({', '.join(_ROW_DTYPES)}) nor a scalar")
     lay = _Layout(treedef, tuple(kinds), tuple(row_init), tuple(scalar_init))
     _check_padding_invariant(tx, lay, dim)
     return lay
