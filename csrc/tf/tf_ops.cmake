@@ -31,9 +31,19 @@ dualemb_tf_query(DUALEMB_TF_LFLAGS "';'.join(tf.sysconfig.get_link_flags())")
 
 file(GLOB DUALEMB_TF_SOURCES CONFIGURE_DEPENDS ${CMAKE_SOURCE_DIR}/csrc/tf/*.cc)
 
+# The TensorFlow release the op library supports (its kernels, shape functions and Keras 3 glue
+# are written and tested against it; a TF op library is tied to one release's headers and ABI).
+set(DUALEMB_TF_SUPPORTED "2.21")
+
 if(NOT DUALEMB_TF_VERSION)
   message(WARNING "tensorflow is not importable by ${Python_EXECUTABLE}: dualemb/tf/_ops.so is "
                   "not built (${DUALEMB_TF_ERR})")
+elseif(NOT DUALEMB_TF_VERSION MATCHES "^2\\.21\\.")
+  message(FATAL_ERROR "dualemb's TensorFlow op library supports TensorFlow "
+                      "${DUALEMB_TF_SUPPORTED}.x only; ${Python_EXECUTABLE} has TensorFlow "
+                      "${DUALEMB_TF_VERSION}. Install tensorflow-cpu==${DUALEMB_TF_SUPPORTED}.* "
+                      "(pip install -r requirements-build.txt), or build without the TF ops: "
+                      "-DDUALEMB_BUILD_TF=OFF (pip: -Ccmake.define.DUALEMB_BUILD_TF=OFF)")
 elseif(NOT DUALEMB_TF_SOURCES)
   message(WARNING "no sources in csrc/tf: dualemb/tf/_ops.so is not built")
 else()

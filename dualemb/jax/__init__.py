@@ -21,7 +21,8 @@ one step. int64 ids in JAX's default 32-bit mode: see :mod:`dualemb.jax.ids`. Op
 :mod:`dualemb.jax.optimizers` (fused, Optax-named) or any Optax transformation
 (:mod:`dualemb.jax.generic`); Keras' Adam for dense parameters: :mod:`dualemb.jax.keras_optax`.
 Checkpoints: :func:`save` / :func:`load` / :func:`load_tables` (common format),
-:mod:`dualemb.jax.orbax` (CheckpointManager). Flax: :mod:`dualemb.jax.nnx`.
+:mod:`dualemb.jax.orbax` (CheckpointManager). Flax: :mod:`dualemb.jax.nnx` (NNX) and
+:mod:`dualemb.jax.linen` (linen).
 Importing this module registers the FFI targets for the CPU platform; other platforms (GPU, TPU)
 run the same calls as host callbacks (:func:`uses_host_callback`, docs/jax.md).
 """
@@ -51,6 +52,6 @@ def __getattr__(name):
     import importlib
     if name in ("save", "load", "load_tables"):
         return getattr(importlib.import_module("dualemb.jax.checkpoint"), name)
-    if name in ("checkpoint", "nnx", "orbax", "generic", "keras_optax", "sharded"):
+    if name in ("checkpoint", "nnx", "linen", "orbax", "generic", "keras_optax", "sharded"):
         return importlib.import_module(f"dualemb.jax.{name}")
     raise AttributeError(f"module 'dualemb.jax' has no attribute {name!r}")

@@ -4,8 +4,9 @@ For optimizers the core does not fuse (e.g. ``optax.chain(optax.clip(1.0),
 optax.scale_by_adam(), optax.scale(-lr))``). The transformation's state for one row,
 ``tx.init(zeros(dim))``, is split into
 
-* per-row leaves (float, shape ``(dim,)``): kept in companion core tables, one per leaf, with
-  the same ids as the table and the leaf's initial value as their initializer;
+* per-row leaves (float32, float16 or bfloat16, shape ``(dim,)``): kept in companion core
+  tables of the leaf's dtype (e.g. Optax's ``mu_dtype=jnp.bfloat16``), one per leaf, with the
+  same ids as the table and the leaf's initial value as their initializer;
 * scalar leaves (shape ``()``, e.g. ``count``): shared by all rows, carried in the table
   pytree's ``opt_state``, exactly as Optax keeps one count for a dense parameter.
 
@@ -64,7 +65,7 @@ def _is_transformation(tx) -> bool:
 class _Layout:
     treedef: object
     kinds: tuple  # per state leaf: "row" or "scalar"
-    row_init: tuple  # initial values (np arrays [dim]) of the row leaves
+    row_init: tuple  # initial values (np arrays [dim], in their dtypes) of the row leaves
     scalar_init: tuple  # initial values of the scalar leaves
 
 
@@ -94,7 +95,8 @@ class GenericOptimizer:
         try:
             for init in lay.row_init:
                 created.append(CoreTable(table.dim, key_dtype=table.key_dtype,
-                                         initializer=_inits.vector(init)))
+                                         value_dtype=init.dtype.name,
+                                         initializer=_inits.vector(init.astype(np.float32))))
         except Exception:
             for t in created:
                 t.destroy()
@@ -137,6 +139,11 @@ def _compute_layout(tx, dim: int) -> _Layout:
     leaves1 = jax.tree_util.tree_leaves(s1)
     kinds, row_init, scalar_init = [], [], []
     for i, (a, b) in enumerate(zip(leaves0, leaves1)):
+        if jax.dtypes.issubdtype(jnp.result_type(a), jax.dtypes.prng_key):
+            raise TypeError(
+                f"the generic optimizer path cannot carry {tx!r}: its state leaf {i} is a PRNG "
+                "key (random state such as noisy_sgd's), which a table's scalar state cannot "
+                "hold")
         a_np, b_np = np.asarray(a), np.asarray(b)
         path = f"state leaf {i} (shape {a_np.shape}, dtype {a_np.dtype})"
         if not np.array_equal(a_np, b_np):
@@ -146,16 +153,19 @@ def _compute_layout(tx, dim: int) -> _Layout:
         if a_np.shape == ():
             kinds.append("scalar")
             scalar_init.append(a_np)
-        elif a_np.shape == (dim,) and np.issubdtype(a_np.dtype, np.floating):
+        elif a_np.shape == (dim,) and a_np.dtype.name in _ROW_DTYPES:
             kinds.append("row")
-            row_init.append(a_np.astype(np.float32))
+            row_init.append(a_np)
         else:
             raise TypeError(
                 f"the generic optimizer path cannot carry {tx!r}: its {path} is neither a "
-                f"per-row float leaf of shape ({dim},) nor a scalar")
+                f"per-row float leaf of shape ({dim},) ({', '.join(_ROW_DTYPES)}) nor a scalar")
     lay = _Layout(treedef, tuple(kinds), tuple(row_init), tuple(scalar_init))
     _check_padding_invariant(tx, lay, dim)
     return lay
+
+
+_ROW_DTYPES = ("float32", "float16", "bfloat16")  # the dtypes a companion state table can hold
 
 
 def _merge_state(lay: _Layout, rows: list, scalars) -> object:
@@ -185,8 +195,8 @@ def apply(table, keys, shape, grads):
     v, rows, _ = _ffi.find_or_insert(table.handle, dim, v, uniq, (n,), dtype=table.dtype)
     rows = rows.astype(jnp.float32)
     state_rows = []
-    for tid in table.slot_tables:
-        v, srows, _ = _ffi.find_or_insert(tid, dim, v, uniq, (n,))
+    for tid, init in zip(table.slot_tables, lay.row_init):
+        v, srows, _ = _ffi.find_or_insert(tid, dim, v, uniq, (n,), dtype=jnp.dtype(init.dtype))
         state_rows.append(srows)
     # The deduplicated batch is padded to n rows (uniq repeats the first key there). Padding
     # rows become neutral rows: zero params, zero gradient, initial state. A transformation that
@@ -203,8 +213,8 @@ def apply(table, keys, shape, grads):
                         zip(new_leaves, jax.tree_util.tree_leaves(state), lay.kinds)
                         if k == "scalar")
     v = _ffi.insert_or_assign(table.handle, v, uniq, new_rows.astype(table.dtype), valid)
-    for tid, leaf in zip(table.slot_tables, new_row_leaves):
-        v = _ffi.insert_or_assign(tid, v, uniq, jnp.asarray(leaf, jnp.float32), valid)
+    for tid, leaf, init in zip(table.slot_tables, new_row_leaves, lay.row_init):
+        v = _ffi.insert_or_assign(tid, v, uniq, jnp.asarray(leaf).astype(init.dtype), valid)
     return table.replace(version=v, step=table.step + 1, opt_state=new_scalars)
 
 
@@ -246,7 +256,8 @@ def _check_padding_invariant(tx, lay: _Layout, dim: int) -> None:
             p, gp, srows = _neutral_padding(lay, valid, p, gp, srows)
             updates, new_state = tx.update(gp, _merge_state(lay, srows, scalars), p)
             leaves = jax.tree_util.tree_leaves(new_state)
-            srows = [jnp.asarray(l, jnp.float32) for l, k in zip(leaves, lay.kinds) if k == "row"]
+            srows = [jnp.asarray(l).astype(init.dtype) for l, init in
+                     zip([l for l, k in zip(leaves, lay.kinds) if k == "row"], lay.row_init)]
             scalars = [l for l, k in zip(leaves, lay.kinds) if k == "scalar"]
             p = (p + updates).astype(jnp.float32)
             out.append([np.asarray(p[:real])] + [np.asarray(r[:real]) for r in srows] +
@@ -279,7 +290,7 @@ def _check_update(tx, lay: _Layout, n: int, dim: int, scalars) -> None:
     """Traces tx.update abstractly on [n, dim] rows, so a transformation that cannot run on
     rows fails with a clear error before any table is read or written (even eagerly)."""
     rows = jax.ShapeDtypeStruct((n, dim), jnp.float32)
-    state = _merge_state(lay, [rows] * sum(k == "row" for k in lay.kinds),
+    state = _merge_state(lay, [jax.ShapeDtypeStruct((n, dim), init.dtype) for init in lay.row_init],
                          [jax.ShapeDtypeStruct(jnp.shape(s), jnp.result_type(s)) for s in scalars])
     try:
         jax.eval_shape(tx.update, rows, state, rows)
@@ -293,3 +304,65 @@ def _check_update(tx, lay: _Layout, n: int, dim: int, scalars) -> None:
 def erase_state(table, tid: int, keys):
     """Erases ``keys`` from one companion state table (chained on the table's version)."""
     return table.replace(version=_ffi.erase(tid, table.version, keys))
+
+
+# ---- injected hyper-parameters (optax.inject_hyperparams) --------------------------------------
+
+class _Leaf:
+    """A placeholder for one state leaf, to find where the scalar leaves sit in the state."""
+
+    def __init__(self, index):
+        self.index = index
+
+
+def _injected(table) -> dict:
+    """name -> (index of its scalar state leaf, whether a schedule recomputes it every step)
+    for the hyper-parameters of every ``optax.inject_hyperparams`` in the table's state."""
+    lay = table.optimizer.layout(table.dim)
+    n_rows = sum(k == "row" for k in lay.kinds)
+    state = _merge_state(lay, [None] * n_rows, [_Leaf(i) for i in range(len(lay.scalar_init))])
+    found, scheduled = {}, set()
+    for path, leaf in jax.tree_util.tree_flatten_with_path(
+            state, is_leaf=lambda x: isinstance(x, _Leaf) or x is None)[0]:
+        names = [getattr(k, "name", None) for k in path]
+        for j, attr in enumerate(names[:-1]):
+            key = getattr(path[j + 1], "key", None)
+            if attr == "hyperparams" and isinstance(leaf, _Leaf) and j + 2 == len(path):
+                if key in found:
+                    raise ValueError(f"the generic optimizer's state injects {key!r} twice: "
+                                     "set_hyperparams cannot tell which one is meant")
+                found[key] = leaf.index
+            elif attr == "hyperparams_states":
+                scheduled.add(key)
+    return {k: (i, k in scheduled) for k, i in found.items()}
+
+
+def hyperparams(table) -> dict:
+    """The injected hyper-parameters of a table on the generic path (see
+    :func:`dualemb.jax.optimizers.hyperparams`)."""
+    state = table.opt_state or ()
+    return {k: state[i] for k, (i, _) in _injected(table).items()}
+
+
+def set_hyperparams(table, values: dict):
+    """``table`` with new injected hyper-parameter values (see
+    :func:`dualemb.jax.optimizers.set_hyperparams`); each keeps its dtype, so a compiled step
+    takes the result without recompiling."""
+    where = _injected(table)
+    unknown = sorted(set(values) - set(where))
+    if unknown:
+        raise TypeError(f"set_hyperparams: {', '.join(unknown)} is not injected in {table.optimizer.tx!r} "
+                        f"(injected: {sorted(where) or 'none'}; wrap the optimizer with "
+                        "optax.inject_hyperparams)")
+    scheduled = sorted(k for k in values if where[k][1])
+    if scheduled:
+        raise TypeError(f"set_hyperparams: {', '.join(scheduled)} follows a schedule, which "
+                        "recomputes it at every step; inject a number to set it by hand")
+    state = list(table.opt_state)
+    for k, v in values.items():
+        i = where[k][0]
+        value = jnp.asarray(v)
+        if value.shape != jnp.shape(state[i]):
+            raise ValueError(f"{k} must have shape {jnp.shape(state[i])}, got {value.shape}")
+        state[i] = value.astype(jnp.result_type(state[i]))
+    return table.replace(opt_state=tuple(state))

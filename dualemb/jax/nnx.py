@@ -62,13 +62,15 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from dualemb.jax import ops as _ops
+from dualemb.jax._grad_guard import guarded
+from dualemb.jax._flax_common import ATTEND_WITHOUT_IDS, attend_logits, combine
 from dualemb.jax import train as _train
 from dualemb.jax.ids import Ids, key_operand
 from dualemb.jax.table import Table, create
@@ -92,22 +94,6 @@ _PLAIN_GRAD_ERROR = (
     "opt.update(model, grads) and dualemb.jax.nnx.apply_gradients(model, emb_grads)")
 
 
-@jax.custom_vjp
-def _guarded(rows, guard):
-    del guard
-    return rows
-
-
-def _guarded_fwd(rows, guard):
-    del guard
-    return rows, None
-
-
-def _guarded_bwd(_, g_rows):
-    raise TypeError(_PLAIN_GRAD_ERROR)
-
-
-_guarded.defvjp(_guarded_fwd, _guarded_bwd)
 
 
 class Embed(nnx.Module):
@@ -137,8 +123,17 @@ class Embed(nnx.Module):
         rows = self._lookup(ids)
         tape = _TAPE.get()
         if tape is None:
-            return _guarded(rows, self.dualemb_grad_guard[...])
+            return guarded(rows, self.dualemb_grad_guard[...], _PLAIN_GRAD_ERROR)
         return tape.tap(self, ids, rows)
+
+    def attend(self, query: jax.Array, ids=None) -> jax.Array:
+        """Tied output embeddings over candidate ``ids`` (1-D): logits ``query @ rows(ids).T``,
+        shape ``query.shape[:-1] + (len(ids),)``; inside :func:`value_and_grad` the rows'
+        gradient trains them. A dynamic table has no vocabulary, so ``attend(query)`` over
+        "every row" (``nnx.Embed.attend``) raises ``TypeError``: pass the candidates."""
+        if ids is None:
+            raise TypeError(ATTEND_WITHOUT_IDS)
+        return attend_logits(query, self(ids))
 
     def _lookup(self, ids) -> jax.Array:
         return _ops.lookup(self.table.get_value(), ids)
@@ -313,12 +308,7 @@ def apply_gradients(model, emb_grads: dict) -> None:
         module = by_path.get(key)
         if module is None:
             raise KeyError(f"no Embed at {key!r} in the model")
-        if len(entries) == 1:
-            ids, g = entries[0]
-        else:
-            ids = _concat_ids([e[0] for e in entries])
-            g = jnp.concatenate([e[1].reshape(-1, module.dim) for e in entries])
-        module.apply_gradients(ids, g)
+        module.apply_gradients(*combine(entries, module.dim))
 
 
 def tables(model) -> dict:
@@ -342,11 +332,3 @@ def set_tables(model, tables: dict) -> None:
             raise ValueError(f"Embed {key!r} (dim {module.dim}) cannot take {table!r}")
         module.table.set_value(table)
 
-
-def _concat_ids(ids_list: list) -> Any:
-    if all(isinstance(i, Ids) for i in ids_list):
-        return Ids(jnp.concatenate([i.halves.reshape(-1, 2) for i in ids_list]))
-    if any(isinstance(i, Ids) for i in ids_list):
-        from dualemb.jax.ids import ids as to_ids
-        return _concat_ids([to_ids(i) for i in ids_list])
-    return jnp.concatenate([i.reshape(-1) for i in ids_list])

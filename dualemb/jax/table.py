@@ -13,8 +13,9 @@ Leaves (traced under jit, so one compiled function serves every table of the sam
   as an int32 with :attr:`Table.step`). The schedule's learning rate and the 1-based step the
   core uses for bias correction come from it. The core does not store it: it lives here, and
   checkpoints record it.
-* ``opt_state``: the generic Optax path's scalar state (e.g. ``count``), else ``None``; and
-  ``slot_tables``, the handles of its companion state tables.
+* ``opt_state``: the generic Optax path's scalar state (e.g. ``count``), or a fused optimizer's
+  injected learning rate (``dualemb.jax.optimizers.inject_hyperparams``), else ``None``; and
+  ``slot_tables``, the handles of the generic path's companion state tables.
 
 Every leaf is float32 (integers are stored as exact 16-bit chunks, see
 :mod:`dualemb.jax._chunks`), so a table may sit in a pytree given to ``jax.grad``: it gets zero
@@ -100,6 +101,8 @@ class Table:
         self.slot_tables = tuple(_as_handle(t) for t in slot_tables)
         self.version = jnp.asarray(version, jnp.float32)
         self._step = _chunks.encode(step, jnp.int32)
+        if opt_state is None and isinstance(optimizer, _opts.Optimizer):
+            opt_state = optimizer.initial_state()  # an injected learning rate, else None
         self._set_opt_state(opt_state)
 
     def _set_opt_state(self, opt_state) -> None:

@@ -33,7 +33,7 @@ def apply_gradients(table: Table, ids, grads) -> Table:
     keys, shape = _keys(table, ids)
     g = _values.grads_operand(grads, tuple(shape) + (table.dim,))
     if isinstance(opt, _opts.Optimizer):
-        lr = opt.learning_rate_at(table.step)
+        lr = opt.learning_rate_for(table)  # injected (in the table) or schedule(step)
         if jnp.shape(lr) != ():
             raise ValueError(f"the learning rate schedule of {opt.name!r} returned shape "
                              f"{jnp.shape(lr)}, expected a scalar")
