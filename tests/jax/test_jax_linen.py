@@ -199,7 +199,7 @@ def test_the_linen_example_trains_keeps_the_best_checkpoint_and_restores_it(tmp_
     import subprocess
     import sys
     from pathlib import Path
-    example = Path(__file__).resolve().parents[1] / "examples" / "jax_linen_train.py"
+    example = Path(__file__).resolve().parents[2] / "examples" / "jax_linen_train.py"
     out = subprocess.run([sys.executable, str(example), "--steps", "100", "--batch", "128",
                           "--ckpt", str(tmp_path / "ck")], capture_output=True, text=True,
                          timeout=600)

@@ -262,7 +262,7 @@ def test_float32_mu_dtype_stays_fused():
 
 def _doc_rows():
     """{optax alias: (dualemb path, keras counterpart)} from the table in docs/jax.md."""
-    text = (Path(__file__).resolve().parents[1] / "docs" / "jax.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "jax.md").read_text()
     section = text.split("## Optax optimizers on a table", 1)[1].split("\n## ", 1)[0]
     rows = {}
     for line in section.splitlines():
