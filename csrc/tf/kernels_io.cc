@@ -1,5 +1,5 @@
 // kernels_io.cc — export (paged) and import of whole rows: keys, values, slots and metadata.
-// Used by checkpointing (dualemb/tf/saving.py) and Variable.export().
+// Used by checkpointing (dualemb/tf/saving/) and Variable.export().
 #include <algorithm>
 
 #include <vector>

@@ -12,7 +12,7 @@ serialization registry. See docs/tf.md.
 
 from dualemb.tf import ops  # loads dualemb/tf/_ops.so first (TF version check)
 from dualemb.tf import data_flow, keras, math, ragged_embedding_ops, saving, shadow_ops, train
-from dualemb.tf.common_format import load, save
+from dualemb.tf.saving.common_format import load, save
 from dualemb.tf.creators import (CuckooHashTableConfig, CuckooHashTableCreator, FileSystemSaver,
                                  HkvEvictStrategy, HkvHashTableConfig, HkvHashTableCreator,
                                  KVCreator, RedisTableConfig, RedisTableCreator)
@@ -20,7 +20,7 @@ from dualemb.tf.lookup import (embedding_lookup, embedding_lookup_sparse,
                                embedding_lookup_unique, safe_embedding_lookup_sparse)
 from dualemb.tf.modes import (ModelMode, enable_inference_mode, enable_train_mode,
                               get_model_mode)
-from dualemb.tf.optimizer import DynamicEmbeddingOptimizer, DynamicEmbeddingOptimizerWrapper
+from dualemb.tf.optimizers import DynamicEmbeddingOptimizer, DynamicEmbeddingOptimizerWrapper
 from dualemb.tf.policies import (FrequencyRestrictPolicy, RestrictPolicy,
                                  TimestampRestrictPolicy)
 from dualemb.tf.slots import SlotVariable

@@ -1,40 +1,18 @@
-"""TFRA / Keras initializers -> the core's deterministic initializer specs.
+"""TFRA / Keras initializers -> the core's deterministic initializer specs (``to_spec``).
 
 In the core an initial row is a pure function of (seed, key), so a key gets the same row in TF
 and JAX, on any shard count (TFRA draws from a stateful RNG on every lookup instead). Accepted:
+None (zeros), a number or a ``dim``-vector (TFRA's broadcast rule), the Keras 3, tf_keras,
+``tf`` and ``tf.compat.v1`` normal / truncated normal / uniform / zeros / ones / constant
+initializers and their string names, variance-scaling initializers (drawn for the one-key shape
+``[1, dim]``, as TFRA draws for a key looked up alone), a ``dualemb.core.initializers`` spec
+dict, and any other callable, called once when the Variable is made. Anything else (an
+initializer without a per-key form: ``Orthogonal``, ``Identity``, ...) raises a ``TypeError``
+that lists what is supported; docs/tf.md ("Semantics", Initializers) has the full list.
 
-- ``None`` -> zeros (TFRA: "0 will be used").
-- A Python number -> that constant. A list / numpy array / eager Tensor of length ``dim`` -> that
-  vector; of any other length, its first element broadcast to ``dim`` (TFRA's rule).
-- Keras initializers (``keras.initializers`` = ``tf.keras.initializers``) ``RandomNormal``,
-  ``TruncatedNormal``, ``RandomUniform``, ``Zeros``, ``Ones``, ``Constant``, their string names
-  (``"random_normal"``...), and TensorFlow's ``tf.random_normal_initializer``,
-  ``tf.random_uniform_initializer``, ``tf.zeros_initializer``, ``tf.ones_initializer``,
-  ``tf.constant_initializer``, and their TF1 forms in ``tf.compat.v1`` (``random_normal_initializer``,
-  ``truncated_normal_initializer``, ``random_uniform_initializer`` whose ``maxval=None`` means 1,
-  ``constant_initializer``, ``zeros_initializer``, ``ones_initializer``).
-- tf_keras (Keras 2) ``RandomNormal``, ``TruncatedNormal``, ``RandomUniform``, ``Zeros``, ``Ones``,
-  ``Constant`` (``tf.keras.initializers`` under ``TF_USE_LEGACY_KERAS=1``).
-- A ``dualemb.core.initializers`` spec dict.
-
-Seeds: an integer seed is used as is. **A seed of None is replaced by a fixed seed derived from
-the Variable's name** (64-bit FNV-1a of the name, masked to 63 bits), so initial rows are
-reproducible from run to run and across frameworks, yet two variables with different names get
-different rows for the same key.
-
-Variance-scaling initializers (``VarianceScaling``, ``GlorotUniform`` / ``GlorotNormal``,
-``HeNormal`` / ``HeUniform``, ``LecunNormal`` / ``LecunUniform``, of Keras 3, tf_keras or
-``tf.compat.v1``) draw from the distribution their config gives for the shape ``[1, dim]`` (fan in
-1, fan out ``dim``): what TFRA draws for a key looked up alone. TFRA calls an initializer with the
-shape ``[number of keys in the lookup, dim]`` on every lookup, so its scale depends on the batch;
-a per-key row cannot, so dualemb fixes it at the one-key shape.
-
-Any other callable that is not an initializer object (a function, a lambda, a ``functools.partial``)
-is called as TFRA calls it, once, when the Variable is made: ``init(shape=[1])``, or ``init()`` if
-that raises, again while the result is callable; the value is the default row (reshaped to
-``dim`` when it has ``dim`` elements, else its first element broadcast). Initializer objects
-without a per-key form (``Orthogonal``, ``Identity``, ...: TFRA redraws them per lookup with the
-lookup's shape) raise a ``TypeError`` that lists what is supported.
+Seeds: an integer seed is used as is; **a seed of None becomes a fixed seed derived from the
+Variable's name** (64-bit FNV-1a, masked to 63 bits), so initial rows are reproducible across runs
+and frameworks, and two variables with different names differ for the same key.
 """
 
 from __future__ import annotations

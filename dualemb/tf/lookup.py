@@ -58,7 +58,7 @@ def embedding_lookup_unique(params, ids, partition_strategy=None, name=None,
     gathered back. ``max_norm`` is honored."""
     params, name, max_norm = _resolve(params, "embedding_lookup_unique", name, max_norm)
     ragged = isinstance(ids, tf.RaggedTensor)
-    dense = params._keys(ids.flat_values, "ids") if ragged else dense_ids(
+    dense = params.router.check_keys(ids.flat_values, "ids") if ragged else dense_ids(
         params, ids, "embedding_lookup_unique")
     unique, index = tf.unique(tf.reshape(dense, [-1]))
     rows, wrapper = lookup_rows(params, unique, name, max_norm)
@@ -90,7 +90,7 @@ def _combine(params, sp_ids, sp_weights, combiner, name, max_norm):
                         "or a weight would need a float)")
     segment_ids = sp_ids.indices[:, 0]
     num_segments = sp_ids.dense_shape[0]
-    keys = params._keys(sp_ids.values, "sp_ids.values")
+    keys = params.router.check_keys(sp_ids.values, "sp_ids.values")
     unique, index = tf.unique(keys)
     rows, wrapper = lookup_rows(params, unique, name, max_norm)
     embeddings = tf.gather(rows, index)
@@ -148,7 +148,7 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
     _check_combiner(combiner)
     sparse_ids = _as_sparse(sparse_ids, "sparse_ids")
     sparse_weights = _check_weights(sparse_ids, sparse_weights, "sparse_weights")
-    params._keys(sparse_ids.values, "sparse_ids.values")
+    params.router.check_keys(sparse_ids.values, "sparse_ids.values")
     if sparse_weights is not None and sparse_weights.dtype != params.value_dtype:
         # TFRA's (and tf.nn's) safe lookup refuses this rather than casting the weights.
         raise TypeError(f"sparse_weights have dtype {sparse_weights.dtype.name}, but "

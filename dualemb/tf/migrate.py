@@ -1,27 +1,10 @@
 """Importers for TFRA (`tensorflow_recommenders_addons.dynamic_embedding`) checkpoints.
 
-TFRA stores a `de.Variable` as one hash table per shard (one shard per entry of `devices=`), and
-its optimizer slots (Adam's m and v, ...) as further `de.Variable`s with their own shard tables.
-These functions read those tables with nothing but numpy (and TensorFlow's checkpoint reader for
-TF checkpoints), merge the shards, and write the rows into dualemb's core tables, re-routing
-every key to the live shard that owns it.
-
-What TFRA writes (TFRA 0.8.1):
-
-* **TF2 object checkpoints** (`tf.train.Checkpoint`, Keras `save_weights`, `de.train.Checkpoint`):
-  per shard `i` (0-based) two tensors
-  ``<object path>/tables_of_<escaped var name>/<i>/.ATTRIBUTES/table-keys`` ([n] keys) and
-  ``.../table-values`` ([n, dim]); the name is escaped the TF object-graph way ("/" -> ".S",
-  "." -> ".."). Slot variables are named ``<var>/<lookup or layer-shadow name>/<slot>``, e.g.
-  ``user/emb/lookup/m``, and live under the optimizer's path.
-* **TF1 Saver checkpoints** (`tf.compat.v1.train.Saver`, graph mode): per shard
-  ``<name scope>/<flat name>_mht_<i>of<N>-keys`` and ``-values`` (1-based ``i``), where the flat
-  name is the variable name with "/" replaced by "_" (slots: ``model_emb_Adam_m``).
-* **FileSystemSaver** (`Variable.save_to_file_system`, `CuckooHashTableCreator(saver=
-  FileSystemSaver())`): raw native-endian files with no header,
-  ``<flat name>_mht_<i>of<N>_rank<r>_size<s>-keys`` (K[n]) and ``-values`` (V[n*dim]). A TF
-  checkpoint written with this saver holds only ``shard_upsert_restore`` flags; its rows are in
-  ``TFRADynamicEmbedding-<step>/`` (`de.train.Checkpoint`) or ``TFRADynamicEmbedding/`` next to it.
+They read TFRA 0.8.1's tables with nothing but numpy (and TensorFlow's checkpoint reader for TF
+checkpoints): TF2 object checkpoints (`tf.train.Checkpoint`, Keras `save_weights`,
+`de.train.Checkpoint`), TF1 Saver checkpoints, and FileSystemSaver files; docs/
+migrating_from_tfra.md describes what TFRA writes in each. The shards are merged and every key
+re-routed to the live shard that owns it.
 
 Each reader returns ``{variable_name: entry}`` for the primary (non-slot) variables, where entry is
 

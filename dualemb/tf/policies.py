@@ -95,12 +95,12 @@ class RestrictPolicy:
     _unit = 1  # the status shows the score // _unit
 
     def __init__(self, var):
-        if not callable(getattr(var, "_status_variable", None)):  # not a dualemb Variable
+        if not callable(getattr(var, "make_status_variable", None)):  # not a dualemb Variable
             raise TypeError(f"{type(self).__name__} takes the Variable it restricts, got {var!r}; "
                             "pass the policy class to Variable(restrict_policy=...)")
         self.var = var
         self.params_in_slots = []  # TFRA compatibility; slots live beside the rows here
-        self.status_variable = var._status_variable(self._kind)
+        self.status_variable = var.make_status_variable(self._kind)
 
     def apply_update(self, ids):
         """Records one update of each distinct key in ``ids`` (any shape) in the status. Returns
@@ -118,7 +118,7 @@ class RestrictPolicy:
             deps = [ops.set_clock(s.resource, clock) for s in shards]
         with tf.control_dependencies(deps):
             zeros = tf.zeros([tf.size(keys), 1], tf.float32)
-            evicted = status._write_flat(ops.insert_or_assign, keys, zeros)
+            evicted = status.router.write(ops.insert_or_assign, keys, zeros)
         return evicted[0] if len(evicted) == 1 else tf.add_n(evicted)
 
     def _clock_floor(self):

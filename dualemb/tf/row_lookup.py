@@ -10,7 +10,7 @@ runs in :func:`compute_dtype` (float32 for float16/bfloat16, as Keras computes u
 precision) and the result is cast back to ``value_dtype`` at the end. Integer rows never go
 through a float (an int64 row above 2**24 would not survive float32).
 
-It uses only the Variable's methods (``_find_flat``, ``_keys``, ``trainable_wrapper``), so
+It uses only the Variable's ``router`` (``shard_router.py``) and ``trainable_wrapper``, so
 ``dualemb.tf.variable`` imports it without an import cycle.
 """
 
@@ -35,7 +35,7 @@ def lookup_rows(params, flat_keys, name, max_norm=None):
     """(rows [n, dim] of flat keys in ``compute_dtype(params.value_dtype)``, the
     TrainableWrapper they train or None). Integer rows carry no gradient route (nothing can
     differentiate them)."""
-    rows, _ = params._find_flat(flat_keys)
+    rows, _ = params.router.find(flat_keys)
     wrapper = None
     if params.trainable and modes.is_training() and params.value_dtype.is_floating:
         wrapper = params.trainable_wrapper(name or DEFAULT_NAME)
@@ -64,7 +64,7 @@ def finish(params, out, wrapper, name, return_trainable):
 def dense_ids(params, ids, fn):
     if isinstance(ids, tf.SparseTensor):
         raise TypeError(f"{fn} takes dense ids; use embedding_lookup_sparse for a SparseTensor")
-    return params._keys(ids, "ids")
+    return params.router.check_keys(ids, "ids")
 
 
 def reshape_rows(rows, ids, dim):
@@ -87,7 +87,7 @@ def lookup_ids(params, ids, name=None, max_norm=None, return_trainable=False):
     """``embedding_lookup`` on a Variable already checked: rows of ``ids`` (any shape; a
     RaggedTensor gives a RaggedTensor) -> ``ids.shape + [dim]``."""
     if isinstance(ids, tf.RaggedTensor):
-        flat = params._keys(ids.flat_values, "ids")
+        flat = params.router.check_keys(ids.flat_values, "ids")
         rows, wrapper = lookup_rows(params, tf.reshape(flat, [-1]), name, max_norm)
         out = ids.with_flat_values(reshape_rows(rows, flat, params.dim))
         return finish(params, out, wrapper, name, return_trainable)

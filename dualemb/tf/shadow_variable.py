@@ -69,7 +69,7 @@ class ShadowVariable(TrainableWrapper):
         """Makes lookups under this shadow's name record into and train through this shadow.
         Called again by every lookup through it: a second ShadowVariable of one name on the
         same Variable (a model built twice) must not take the first one's lookups."""
-        self.params._trainable_store[self.de_name] = self
+        self.params.trainable_store[self.de_name] = self
 
     # ---- TFRA's API --------------------------------------------------------------------------------
     def size(self):
@@ -122,7 +122,7 @@ class ShadowVariable(TrainableWrapper):
             self._kept_rows.assign(tf.zeros([0, self.params.dim], self.params.value_dtype))
         return super()._serialize_to_tensors()
 
-    # ---- hooks of the lookup (row_lookup.py) and the optimizer step (row_update.py) ------------
+    # ---- hooks of the lookup (row_lookup.py) and the optimizer step (optimizers/row_update.py) ---
     def _record_lookup(self, keys, rows):
         """A training-mode lookup through this shadow read ``rows`` for ``keys``."""
         self.ids.assign(keys)

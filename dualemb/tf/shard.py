@@ -29,7 +29,8 @@ import weakref
 import tensorflow as tf
 
 from dualemb.core.spec import parse_description, to_spec
-from dualemb.tf import file_system, ops
+from dualemb.tf import ops
+from dualemb.tf.saving import file_system
 
 
 def host_device(device: str) -> str:
@@ -138,7 +139,7 @@ class TableShard(tf.saved_model.experimental.TrackableResource):
     def save_to_file_system(self, dirpath, file_name=None, dirpath_env="TFRA_SAVED_KV",
                             append_to_file=False, buffer_size=4194304, name=None):
         """TFRA's table-level save: this table alone, in the common format, to
-        ``<dirpath>/<file_name or this shard's name>`` (see ``dualemb/tf/file_system.py``)."""
+        ``<dirpath>/<file_name or this shard's name>`` (see ``saving/file_system.py``)."""
         _refuse_tracing("save_to_file_system")
         if append_to_file:
             raise NotImplementedError("append_to_file: each save writes a complete directory")
@@ -148,7 +149,7 @@ class TableShard(tf.saved_model.experimental.TrackableResource):
     def load_from_file_system(self, dirpath, file_name=None, dirpath_env="TFRA_SAVED_KV",
                               load_entire_dir=False, buffer_size=4194304, name=None):
         """TFRA's table-level load: the saved rows go into this shard's Variable, each key to
-        the shard it routes to (see ``dualemb/tf/file_system.py``)."""
+        the shard it routes to (see ``dualemb/tf/saving/file_system.py``)."""
         _refuse_tracing("load_from_file_system")
         ref = getattr(self, "_variable_ref", None)
         variable = ref() if ref is not None else None

@@ -24,7 +24,8 @@ import weakref
 import keras
 import tensorflow as tf
 
-from dualemb.tf import ops, weights_snapshot
+from dualemb.tf import ops
+from dualemb.tf.saving import weights_snapshot
 
 
 def _variable_name(name: str) -> str:
@@ -70,7 +71,7 @@ class TrainableWrapper(keras.Variable):
                 f"{self._de_name!r}) was given to a plain Keras optimizer: wrap it with "
                 "de.DynamicEmbeddingOptimizer(optimizer), which applies it to the table")
         # The anchor holds nothing; what set_weights means for it is "restore the table"
-        # (dualemb/tf/weights_snapshot.py), and a value that cannot do that must not be ignored.
+        # (saving/weights_snapshot.py), and a value that cannot do that must not be ignored.
         weights_snapshot.restore(self._de_params, value)
         return self
 
@@ -144,13 +145,13 @@ def mark_keras2_anchor(variable, params, name: str):
     tf_keras layer creates with ``add_weight`` (tf_keras tracks only ``tf.Variable`` weights, not
     Keras 3 ones) — the gradient anchor of ``params`` under ``name``: lookups under ``name``
     attach their gradient to it and the tf_keras / ``tf.compat.v1`` optimizer wrapper
-    (``legacy_optimizer.py``) routes it to the table."""
+    (``optimizers/legacy_wrapper.py``) routes it to the table."""
     if not isinstance(variable, tf.Variable) or tuple(variable.shape) != (0, params.dim):
         raise TypeError(f"a tf_keras anchor must be a tf.Variable of shape (0, {params.dim}), "
                         f"got {variable!r}")
     variable._de_params = params
     variable._de_name = name
-    params._trainable_store[name] = variable
+    params.trainable_store[name] = variable
     return variable
 
 

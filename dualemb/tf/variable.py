@@ -1,78 +1,56 @@
 """``Variable``: TFRA's dynamic embedding variable over core tables.
 
-Contract for the saving modules (``dualemb/tf/variable_state.py`` and the paths built on it,
-listed in ``dualemb/tf/saving.py``) and anything else that saves or inspects a Variable:
-
-- ``Variable`` is a TF Trackable (``AutoTrackable``); its ``_serialize_to_tensors()`` and
-  ``_restore_from_tensors(restored_tensors)`` delegate to
-  ``dualemb.tf.tf_checkpoint.serialize_variable(var)`` and
-  ``dualemb.tf.tf_checkpoint.restore_variable(var, restored_tensors)``. Those modules read only
-  the attributes below and never import this one, so there is no import cycle.
-- ``var.tables``: list of ``TableShard`` (``dualemb/tf/shard.py``), one per shard, in shard order.
-  Each has ``.resource`` (the table's resource handle, a TrackableResource handle: pass it to the
-  ops, also inside traced save/restore functions, so that a SavedModel maps it to the fresh table
-  it creates on load), ``.table_id`` (Python int, the core table id, for explicit sharing with
-  ``dualemb.core`` / ``dualemb.jax`` while the variable lives), ``.config`` (core config string)
-  and ``.optimizer_spec`` (spec string, "" when none). The tables are freed with the variable
-  (when nothing references their handles any more). ``var.table_handles()``: the shards'
-  handles for ops built now (in the graph a SavedModel's TF1 saver is built in, the handles TF
-  made there).
-- ``var.dim`` (int), ``var.key_dtype`` / ``var.value_dtype`` (``tf.DType``; each core table stores
-  its rows and optimizer slots in ``value_dtype``, see ``dualemb/core/value_dtypes.py``),
-  ``var.name`` (str), ``var.checkpoint`` (bool: save
-  it or not), ``var.initializer_spec`` (core initializer dict), ``var.optimizer_spec`` (the fused
-  optimizer spec dict attached by ``DynamicEmbeddingOptimizer``, or None), ``var.partition_fn`` and
-  ``var.shard_num``. Key routing: ``var.partition_fn(keys, var.shard_num)`` -> int32 shard index
-  (default: floored ``key mod N``), so a restore with another shard count re-partitions with it.
-- The optimizer step is global to the Keras optimizer (``optimizer.iterations``), not per variable:
-  each fused update is called with ``step = iterations + 1``.
-- Ops over a shard: ``dualemb.tf.ops.export_table / import_table / clear_table`` (see its docstring).
-
 Semantics (as TFRA): lookups never insert (missing keys read as their initializer row); only an
 optimizer step inserts, and exactly the keys it updated. Keys of another dtype than ``key_dtype``
 raise ``DtypeMismatchError`` (a ``TypeError`` that is also the ``ValueError`` TFRA raises);
 rows of the wrong shape raise ``ValueError``; the table is then unchanged.
+
+Contract for dualemb's own modules, which use only these (never a private attribute):
+
+- ``var.router`` (``shard_router.py``): checked keys and routed row reads and writes, for the
+  lookups, the optimizers and the restrict policies; ``distribute/`` gives it a placement.
+- ``var.tables``: one ``TableShard`` (``shard.py``) per shard, in shard order, with
+  ``.resource`` (pass it to the ops, also inside traced save/restore functions, so that a
+  SavedModel maps it to the table it recreates), ``.table_id`` (the core id, for explicit sharing
+  with ``dualemb.core`` / ``dualemb.jax``), ``.config`` and ``.optimizer_spec``; freed with the
+  Variable. ``var.table_handles()``: the handles for ops built now (a SavedModel's TF1 saver
+  graph gets its own).
+- ``dim``, ``key_dtype``, ``value_dtype``, ``name``, ``checkpoint``, ``initializer_spec``,
+  ``optimizer_spec`` (attached by ``router.attach_optimizer``), ``partition_fn``, ``shard_num``:
+  ``partition_fn(keys, shard_num)`` -> int32 shard index (default floored ``key mod N``).
+- Saving: ``_serialize_to_tensors`` / ``_restore_from_tensors`` (TF's Trackable protocol)
+  delegate to ``saving/tf_checkpoint.py``, which reads only the attributes above and never
+  imports this module.
 """
 
 from __future__ import annotations
 
 import copy
 import warnings
-import weakref
 
 import numpy as np
 import tensorflow as tf
 
-from dualemb.core import value_dtypes as _value_dtypes
 from dualemb.core.routing import shard_of
 from dualemb.core.table import Table
 from dualemb.core.spec import to_spec
-from dualemb.tf import file_system, ops, tf_checkpoint, variable_store
+from dualemb.tf import ops, variable_store
+from dualemb.tf.saving import file_system
+from dualemb.tf.saving import tf_checkpoint
 from dualemb.tf import initializers as de_inits
 from dualemb.tf.distribute.placement import default_devices
 from dualemb.tf.errors import DtypeMismatchError, ShapeMismatchError
-from dualemb.tf.distribute import replica_shards
 from dualemb.tf.creators import CuckooHashTableCreator, KVCreator
 from dualemb.tf.policies import RestrictPolicy
 from dualemb.tf.row_lookup import lookup_ids
 from dualemb.tf.shard import TableShard
+from dualemb.tf.shard_router import ShardRouter, check_trainable_dtype  # noqa: F401
 from dualemb.tf.slots import slot_variables
 from dualemb.tf.trainable import TrainableWrapper
-from dualemb.core._string_keys import as_string_keys
 
 _KEY_DTYPES = (tf.int64, tf.int32, tf.string)
 _VALUE_DTYPES = (tf.float32, tf.float16, tf.bfloat16, tf.float64, tf.int8, tf.int32, tf.int64,
                  tf.string)
-
-
-def check_trainable_dtype(var) -> None:
-    """TypeError unless ``var``'s value dtype can be trained (float32, float16, bfloat16: the
-    core's fused optimizers update rows in float32 arithmetic)."""
-    if var.value_dtype.name not in _value_dtypes.TRAINABLE:
-        raise TypeError(
-            f"de.Variable {var.name!r} has value_dtype {var.value_dtype.name}, which cannot be "
-            f"trained (training needs {', '.join(sorted(_value_dtypes.TRAINABLE))}); use it for "
-            "lookups and writes only, with trainable=False, or make it a float Variable")
 
 
 def default_partition_fn(keys, shard_num):
@@ -170,8 +148,6 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             self._initializer_spec = de_inits.string_spec(initializer, self._dim)
         else:
             self._initializer_spec = de_inits.to_spec(initializer, self._dim, name)
-        self._optimizer_spec = None
-        self._optimizer_owner = None
         self._trainable_store = {}
 
         config = {"dim": self._dim, "key_dtype": self._key_dtype.name,
@@ -201,6 +177,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             self._restrict_policy = None
         for shard in shards:
             shard._bind_variable(self)
+        self._router = ShardRouter(name, self._key_dtype, self._value_dtype, self._dim,
+                                   partitioner, shards)
         self._self_setattr_tracking = True
         self._tables = shards  # tracked: a SavedModel recreates each table on load
         if self._restrict_policy is not None:  # tracked: saved and restored with the variable
@@ -271,11 +249,17 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
     @property
     def optimizer_spec(self):
         """The fused optimizer spec dict attached by ``DynamicEmbeddingOptimizer`` (or None)."""
-        return None if self._optimizer_spec is None else dict(self._optimizer_spec)
+        return self._router.optimizer_spec
 
     @property
     def restrict_policy(self):
         return self._restrict_policy
+
+    @property
+    def router(self) -> ShardRouter:
+        """Internal API for dualemb's own modules: checked keys and routed row reads and writes
+        over this Variable's shards (``dualemb/tf/shard_router.py``)."""
+        return self._router
 
     @property
     def trainable_store(self) -> dict:
@@ -288,38 +272,12 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                 f"shards={len(self._tables)}>")
 
     # ---- argument checks -------------------------------------------------------------------------
-    def _keys(self, keys, what: str = "keys"):
-        """``keys`` as a dense tensor of ``key_dtype``; TypeError on any other dtype."""
-        if isinstance(keys, tf.Tensor) and keys.dtype == self._key_dtype:
-            return keys  # the common case, first
-        if isinstance(keys, (tf.SparseTensor, tf.RaggedTensor)):
-            raise TypeError(f"{what} must be a dense tensor, got {type(keys).__name__}")
-        if isinstance(keys, (tf.Tensor, tf.Variable, np.ndarray, np.generic)):
-            dtype = tf.as_dtype(keys.dtype)
-            if dtype != self._key_dtype:
-                raise DtypeMismatchError(f"{what} have dtype {dtype.name}, but Variable "
-                                         f"{self._name!r} has key_dtype {self._key_dtype.name}")
-            return tf.convert_to_tensor(keys)
-        if self._key_dtype == tf.string:  # str (UTF-8) / bytes, or TypeError naming the element
-            return tf.constant(as_string_keys(keys), tf.string)
-        # Python numbers / lists: through numpy, so that out-of-range ids are refused (TF would
-        # silently wrap 2**40 to 0 when converting to int32).
-        arr = np.asarray(keys)
-        if arr.dtype.kind not in "iu":
-            raise DtypeMismatchError(f"{what} must be integers of key_dtype "
-                                     f"{self._key_dtype.name}, got {arr.dtype} values")
-        info = np.iinfo(self._key_dtype.as_numpy_dtype)
-        if arr.size and (arr.min() < info.min or arr.max() > info.max):
-            raise ValueError(f"{what} do not fit Variable {self._name!r}'s key_dtype "
-                             f"{self._key_dtype.name}")
-        return tf.convert_to_tensor(arr.astype(self._key_dtype.as_numpy_dtype))
-
     def _rows(self, values, keys, what: str):
         """``values`` as rows of ``value_dtype`` with shape keys.shape + [dim] (checked statically
         if known). A tensor or array of another dtype raises TypeError (never cast silently)."""
         if isinstance(values, tf.Tensor) and values.dtype == self._value_dtype:
-            # The common case, first, without TensorShape arithmetic (eager upserts of a few
-            # thousand rows spent a fifth of their time here).
+            # The common case, first, without TensorShape arithmetic (a measurable share of an
+            # eager upsert's time otherwise).
             shape, key_rank = values.shape, keys.shape.rank
             if key_rank is not None and shape.rank == key_rank + 1 \
                     and shape[-1] == self._dim and shape[:-1] == keys.shape:
@@ -342,45 +300,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                                      f"Variable {self._name!r}, got {values.shape}")
         return values
 
-    # ---- sharding --------------------------------------------------------------------------------
-    def _partition(self, flat_keys):
-        """(shard index per key, positions per shard, keys per shard) for N > 1 shards."""
-        n = len(self._tables)
-        parts = tf.cast(self._partition_fn(flat_keys, n), tf.int32)
-        positions = tf.dynamic_partition(tf.range(tf.size(flat_keys)), parts, n)
-        keys = tf.dynamic_partition(flat_keys, parts, n)
-        return parts, positions, keys
-
-    def _find_flat(self, flat_keys):
-        """(rows [n, dim] in value_dtype, exists [n]) of flat keys, over all shards (or the replica's
-        own, see ``replica_shards``)."""
-        local = replica_shards.local_shard(self, flat_keys)
-        if local is not None:
-            return ops.find(self._tables[local[0]].resource, local[1], self._dim,
-                            self._value_dtype)
-        if len(self._tables) == 1:
-            return ops.find(self._tables[0].resource, flat_keys, self._dim, self._value_dtype)
-        parts, positions, keys = self._partition(flat_keys)
-        results = [ops.find(t.resource, k, self._dim, self._value_dtype)
-                   for t, k in zip(self._tables, keys)]
-        rows = tf.dynamic_stitch(positions, [r[0] for r in results])
-        exists = tf.dynamic_stitch(positions, [r[1] for r in results])
-        return rows, exists
-
-    def _write_flat(self, op, flat_keys, *row_args):
-        """Calls ``op(table_id, keys, *rows)`` per shard with the shard's share of keys and rows
-        (or on the replica's own shard, see ``replica_shards``)."""
-        local = replica_shards.local_shard(self, flat_keys)
-        if local is not None:
-            return [op(self._tables[local[0]].resource, local[1], *row_args)]
-        if len(self._tables) == 1:
-            return [op(self._tables[0].resource, flat_keys, *row_args)]
-        parts = tf.cast(self._partition_fn(flat_keys, len(self._tables)), tf.int32)
-        n = len(self._tables)
-        keys = tf.dynamic_partition(flat_keys, parts, n)
-        split = [tf.dynamic_partition(a, parts, n) for a in row_args]
-        return [op(t.resource, keys[i], *[s[i] for s in split]) for i, t in enumerate(self._tables)]
-
+    # ---- shapes ----------------------------------------------------------------------------------
     def _flat(self, keys):
         return tf.reshape(keys, [-1])
 
@@ -408,11 +328,11 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         """Rows of ``keys`` (any shape) -> ``keys.shape + [dim]``; missing keys read as their
         initializer row and are **not** inserted. With ``return_exists``, also a bool tensor of
         ``keys.shape`` telling which keys exist."""
-        keys = self._keys(keys)
+        keys = self._router.check_keys(keys)
         if len(self._tables) == 1:  # any shape goes straight through
             rows, exists = ops.find(self._tables[0].resource, keys, self._dim, self._value_dtype)
         else:
-            rows, exists = self._find_flat(self._flat(keys))
+            rows, exists = self._router.find(self._flat(keys))
             rows = self._out(rows, keys)
             exists = tf.reshape(exists, tf.shape(keys))
         return (rows, exists) if return_exists else rows
@@ -420,11 +340,11 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
     def upsert(self, keys, values, name=None):
         """Inserts or overwrites the rows of ``keys`` (values: keys.shape + [dim]). Returns how
         many keys a capacity limit evicted (int64 scalar, summed over the shards)."""
-        keys = self._keys(keys)
+        keys = self._router.check_keys(keys)
         values = self._rows(values, keys, "values")
         if len(self._tables) == 1:  # the op checks shapes that are only known at run time
             return ops.insert_or_assign(self._tables[0].resource, keys, values)
-        out = self._write_flat(ops.insert_or_assign, self._flat(keys),
+        out = self._router.write(ops.insert_or_assign, self._flat(keys),
                                self._flat_rows(values, keys, "values"))
         return tf.add_n(out)
 
@@ -436,7 +356,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         if self._value_dtype == tf.string:
             raise TypeError(f"accum is not defined for Variable {self._name!r} of value_dtype "
                             "string (it adds numbers); use upsert")
-        keys = self._keys(keys)
+        keys = self._router.check_keys(keys)
         old_values = self._rows(old_values, keys, "old_values")
         new_values = self._rows(new_values, keys, "new_values")
         exists = tf.convert_to_tensor(exists)
@@ -445,10 +365,11 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         if not exists.shape.is_compatible_with(keys.shape):
             raise ValueError(f"exists has shape {exists.shape}, expected keys' {keys.shape}")
         # The core computes new - old where exists (else new) as it adds (de_accum_rows): a TF
-        # Sub + Select over the batch before the op cost about as much as the accum itself.
+        # Sub + Select over the batch before the op would be a second pass as costly as the
+        # accum itself.
         if len(self._tables) == 1:
             return ops.accum_rows(self._tables[0].resource, keys, old_values, new_values, exists)
-        out = self._write_flat(ops.accum_rows, self._flat(keys),
+        out = self._router.write(ops.accum_rows, self._flat(keys),
                                self._flat_rows(old_values, keys, "old_values"),
                                self._flat_rows(new_values, keys, "new_values"),
                                tf.reshape(exists, [-1]))
@@ -462,8 +383,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
 
     def remove(self, keys, name=None):
         """Erases ``keys`` (absent keys are ignored) with their slots."""
-        keys = self._keys(keys)
-        out = self._write_flat(ops.erase, self._flat(keys))
+        keys = self._router.check_keys(keys)
+        out = self._router.write(ops.erase, self._flat(keys))
         return out[0] if len(out) == 1 else tf.group(out)
 
     def clear(self, name=None):
@@ -501,8 +422,8 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         """The optimizer slots of this variable's rows, as read-only ``SlotVariable`` views
         (``export()``, ``lookup(keys)``, ``size()``). Empty before an optimizer is attached, or
         when ``optimizer`` is given and is not the one attached."""
-        if optimizer is not None and self._optimizer_owner is not None:
-            owner = self._optimizer_owner()
+        if optimizer is not None:
+            owner = self._router.optimizer_owner()
             # The owner is the DynamicEmbeddingOptimizer wrapper; the optimizer it wraps counts.
             if owner is not None and not (optimizer is owner or optimizer is getattr(
                     owner, "inner_optimizer", None)):
@@ -543,33 +464,14 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             self, dirpath, proc_size=proc_size, proc_rank=proc_rank, dirpath_env=dirpath_env,
             load_entire_dir=load_entire_dir)
 
-    def _status_variable(self, kind: str) -> "Variable":
+    def make_status_variable(self, kind: str) -> "Variable":
         """A restrict policy's status: a dim-1 Variable sharded as this one (same devices and
         partitioner), so status shard i holds keys of shard i (dualemb/tf/policies.py)."""
         return Variable(key_dtype=self._key_dtype, dim=1, devices=self._devices,
                         partitioner=self._partition_fn, name=f"{self._name}/status/{kind}",
                         initializer=0.0, trainable=False)
 
-    # ---- optimizer attachment (DynamicEmbeddingOptimizer) ------------------------------------
-    def _attach_optimizer(self, spec: dict, spec_text: str, owner) -> None:
-        check_trainable_dtype(self)
-        if self._optimizer_owner is not None:
-            current = self._optimizer_owner()
-            if current is not None and current is not owner and self._optimizer_spec != spec:
-                raise ValueError(
-                    f"Variable {self._name!r} is already trained by another optimizer "
-                    f"({self._optimizer_spec}); one Variable can have one fused optimizer")
-        if self._optimizer_spec != spec:
-            for shard in self._tables:
-                try:
-                    shard.set_optimizer(spec_text)
-                except tf.errors.InvalidArgumentError as e:
-                    raise ValueError(f"cannot attach optimizer {spec} to Variable "
-                                     f"{self._name!r}: {e.message}") from e
-            self._optimizer_spec = dict(spec)
-        self._optimizer_owner = weakref.ref(owner)
-
-    # ---- checkpointing (dualemb/tf/tf_checkpoint.py) ----------------------------------------
+    # ---- checkpointing (dualemb/tf/saving/tf_checkpoint.py) --------------------------------
     def table_handles(self) -> list:
         """The shards' resource handles, for ops built now (eagerly or in a traced function)."""
         return [t.resource for t in self._tables]

@@ -15,7 +15,8 @@ from dualemb.core import Table
 from dualemb.core import checkpoint as core_ckpt
 from dualemb.core.checkpoint import CheckpointError
 from dualemb.tf import ops as de_ops
-from dualemb.tf import saving, variable_state
+from dualemb.tf import saving
+from dualemb.tf.saving import variable_state
 from dualemb.tf.variable import Variable
 
 import _paths

@@ -54,7 +54,7 @@ def test_version_1_metadata_restores(shards):
 def test_graph_and_eager_read_the_same_optimizer(optimizer):
     """Inside a traced restore the optimizer is cut out of the meta JSON by a regex; it must give
     what the eager JSON reader gives."""
-    from dualemb.tf import variable_state as saving
+    from dualemb.tf.saving import variable_state as saving
 
     var = Variable(dim=3, devices=["/CPU:0"] * 2, name="graph_meta")
     if optimizer:
@@ -72,7 +72,7 @@ def test_graph_and_eager_read_the_same_optimizer(optimizer):
 
 
 def test_version_1_metadata_in_a_traced_restore_fails_loudly():
-    from dualemb.tf import variable_state as saving
+    from dualemb.tf.saving import variable_state as saving
 
     meta = tf.constant(saved_tensors()["meta"])
     with pytest.raises(tf.errors.InvalidArgumentError, match="older dualemb"):

@@ -2,48 +2,15 @@
 exchanged by TF's collective all-to-all (``MirroredStrategy`` over local devices,
 ``MultiWorkerMirroredStrategy``), behind ``de.keras.layers.HvdAllToAllEmbedding``.
 
-Replica ``r`` of ``N`` owns the keys ``shard_of(key, N) == r`` (the one routing function), in the
-table its process holds for it (the layer's Variable has one shard per local replica, on the
-replica's device). A lookup, per replica:
-
-1. deduplicates its ids and counts them per owner; one all-gather of ``[replica id, count per
-   owner]`` tells every replica the group's rank order, every bucket's size and so the padding
-   ``cap`` (the largest bucket anywhere): an all-to-all exchanges equal-sized chunks, chunk ``j``
-   going to rank ``j``, so every bucket is padded to ``cap`` ids;
-2. all-to-all of the padded ids: each replica receives the ids it owns, and keeps the first
-   ``count`` of every chunk;
-3. the owner reads those rows from its table, with the gradient route to the Variable's anchor
-   (``dualemb/tf/trainable.py``) keyed by the ids it owns;
-4. all-to-all of the rows back, whose gradient is the all-to-all of the rows' gradients (the
-   exchange is its own inverse), then the rows are put back in the ids' order.
-
-In backpropagation each replica's row gradients thus travel to the owner, whose anchor gets
-``IndexedSlices`` over the keys it owns (one entry per requesting replica: the fused step sums
-them), and ``DynamicEmbeddingOptimizer`` updates each shard on its owner only.
-
-Bytes one replica sends per lookup (``bytes_per_lookup``): ``4 * (N + 1)`` for the sizes,
-``N * cap * key_bytes`` ids, ``N * cap * 4 * dim`` rows, and in training the same again for the
-row gradients — the share that stays on the replica, ``1 / N``, included.
-
-Collectives: ``CollectiveGatherV2`` and ``CollectiveAllToAllV2`` (``tf.raw_ops``, both with CPU
-kernels in TF 2.21, in one process and over gRPC between processes). Two things make them work
-inside a replica function:
-
-- **ordering token.** ``tf.function``'s automatic control dependencies chain every stateful op
-  that has no resource input in program order. MirroredStrategy traces all replicas into one
-  graph, so the collective of replica 1 would wait for that of replica 0, which waits for replica
-  1: a deadlock (the earlier attempt's hang). Each collective therefore takes a per-replica
-  resource as ``ordering_token``, which orders it only with that replica's other collectives.
-- **a fresh instance key per call.** The padded shapes change from step to step, and TF refuses
-  (and aborts every later collective of the process) when one instance key is reused with another
-  shape. The key is read from a per-replica counter (a ``SyncOnRead`` variable: one component per
-  replica, which is also the ordering token) incremented in the graph before each collective; all
-  replicas run the same collectives in the same order, so their counters agree.
-
-Every replica must therefore call the same lookups in the same order on every step (what
-synchronous training does anyway); a replica that skips one leaves the others waiting (as TF's
-own all-reduce does), bounded by the strategy's ``CommunicationOptions(timeout_seconds=...)``
-when one is set.
+Contract: replica ``r`` of ``N`` owns the keys ``shard_of(key, N) == r`` (the one routing
+function), in the shard its process holds for it. ``lookup_rows`` returns, in each replica, the
+rows of its ids, with a gradient route that delivers each row gradient to the owner's anchor
+(``IndexedSlices`` over the keys it owns), so ``DynamicEmbeddingOptimizer`` updates each shard on
+its owner only. Every replica must call the same lookups in the same order on every step (as
+synchronous training does); a replica that skips one leaves the others waiting, bounded by the
+strategy's ``CommunicationOptions(timeout_seconds=...)`` when set. ``bytes_per_lookup`` gives
+what one replica sends per lookup. The algorithm and why the collectives take an ordering token
+and a fresh instance key: docs/scaling_tf.md ("How the exchange works, and what it costs").
 """
 
 from __future__ import annotations
@@ -54,7 +21,7 @@ import zlib
 import tensorflow as tf
 
 from dualemb.core.routing import shard_of
-from dualemb.tf import modes, ops
+from dualemb.tf import keras_adapter, modes, ops
 from dualemb.tf.distribute.replica_shards import replica_position  # noqa: F401 (re-exported)
 from dualemb.tf.trainable import attach_gradient
 
@@ -74,8 +41,7 @@ class Exchange:
         self.size = int(strategy.num_replicas_in_sync)
         kind = type(strategy).__name__
         self.group_key = _GROUP_KEY_BASE + (zlib.crc32(kind.encode()) % 1000) * 1000 + self.size
-        options = getattr(strategy.extended, "_communication_options", None)
-        self.timeout = float(getattr(options, "timeout_seconds", None) or 0)
+        self.timeout = keras_adapter.communication_timeout(strategy)
         with strategy.scope():
             # SyncOnRead: each replica updates its own component (and gets its own handle).
             self._counter = tf.Variable(
@@ -84,6 +50,11 @@ class Exchange:
                 aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
     def _key_and_token(self):
+        # A fresh instance key per collective: the padded shapes change from step to step, and
+        # TF aborts every later collective of the process when a key is reused with another
+        # shape. The per-replica counter is also the ordering token, which orders a collective
+        # only with its own replica's (tf.function chains token-less stateful ops in program
+        # order, across the replicas MirroredStrategy traces into one graph: a deadlock).
         key = self._counter.assign_add(1, read_value=True)
         return tf.convert_to_tensor(key), [self._counter.handle]
 

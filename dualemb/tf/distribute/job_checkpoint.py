@@ -98,7 +98,7 @@ def save_job(strategy, path: str, variables: dict, *, steps=None, dense=None,
             # A Variable not spread over the processes (a plain layer) is the same everywhere:
             # the chief saves it.
             if replica_shards.held_elsewhere(var):
-                ids = var._local_replicas
+                ids = replica_shards.local_replicas(var)
             elif chief:
                 ids = list(range(len(var.tables)))
             else:

@@ -13,17 +13,15 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-
-def _is_ps_strategy(strategy) -> bool:
-    return bool(getattr(strategy, "_is_parameter_server_strategy_v2", False))
+from dualemb.tf import keras_adapter
 
 
 def num_ps_tasks(strategy_or_resolver) -> int:
     """The number of ``ps`` tasks of a ``ParameterServerStrategy`` or a cluster resolver."""
     resolver = strategy_or_resolver
-    if _is_ps_strategy(strategy_or_resolver):
+    if keras_adapter.is_parameter_server_strategy(strategy_or_resolver):
         # The resolver given to the constructor (the public ``cluster_resolver`` is None).
-        resolver = strategy_or_resolver._cluster_resolver
+        resolver = keras_adapter.strategy_cluster_resolver(strategy_or_resolver)
     if not hasattr(resolver, "cluster_spec"):
         raise TypeError("expected a ParameterServerStrategy or a cluster resolver, got "
                         f"{strategy_or_resolver!r}")
@@ -47,6 +45,6 @@ def default_devices() -> list[str] | None:
     if not tf.distribute.has_strategy():
         return None
     strategy = tf.distribute.get_strategy()
-    if _is_ps_strategy(strategy):
+    if keras_adapter.is_parameter_server_strategy(strategy):
         return ps_devices(strategy)
     return None

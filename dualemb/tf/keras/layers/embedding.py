@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import keras
 
-from dualemb.tf import keras_files
+from dualemb.tf.saving import keras_files
 from dualemb.tf.keras.layers.embedding_logic import (EmbeddingLogic, FieldWiseLogic,
                                                      HvdAllToAllLogic, SquashedLogic)
 

@@ -6,7 +6,7 @@
 Each layer owns one ``de.Variable`` (``layer.params``, named ``"<layer name>-parameter"``) and one
 anchor (``layer.shadow``): train the layer with a ``de.DynamicEmbeddingOptimizer``-wrapped
 optimizer, in ``model.fit`` or a ``GradientTape`` loop. Only the rows of the keys in a batch are
-updated (see ``dualemb/tf/optimizer.py``).
+updated (see ``dualemb/tf/optimizers/keras_wrapper.py``).
 
 Ids may be int32 or int64 (int32 ids are widened for an int64 Variable); floating-point ids
 raise ``TypeError`` (declare ``Input(..., dtype="int64")``).
@@ -22,7 +22,7 @@ from dualemb.core.spec import from_spec
 from dualemb.tf import creators as de_creators
 from dualemb.tf import initializers as de_inits
 from dualemb.tf import policies as de_policies
-from dualemb.tf import remote_shards
+from dualemb.tf.distribute import remote_shards
 from dualemb.tf.distribute import alltoall, replica_shards
 from dualemb.tf.lookup import embedding_lookup, embedding_lookup_unique
 from dualemb.tf.row_lookup import compute_dtype
@@ -229,8 +229,8 @@ class EmbeddingLogic:
 
         That pays where a read is a round trip: a Redis table, or a shard living in another
         process (a parameter server). A table in this process' memory reads a duplicate id
-        faster than ``tf.unique`` + ``tf.gather`` cost (2.9-9.6 ms of a 16-38 ms ``fit`` step in
-        docs/benchmarks.md), so there it is read per occurrence. Nothing observable changes:
+        faster than ``tf.unique`` + ``tf.gather`` cost (measured in docs/benchmarks.md), so there
+        it is read per occurrence. Nothing observable changes:
         initial rows are a pure function of the key, so duplicates read the same row; and the
         optimizer gets the same gradient, element for element — the gather's gradient is the
         per-occurrence row gradients in occurrence order, indexed by the gathered positions,

@@ -9,8 +9,8 @@ keras2``. A layer of one Keras cannot go into a model of the other (Keras refuse
 
 The anchor is a trainable ``(0, dim)`` ``tf.Variable`` made by ``add_weight`` (tf_keras tracks
 ``tf.Variable`` weights only); train with ``de.DynamicEmbeddingOptimizer`` around a tf_keras
-optimizer (``dualemb/tf/legacy_optimizer.py``). The table is a checkpoint dependency of the layer
-(``model.save_weights`` in the TF format and ``tf.train.Checkpoint`` save it).
+optimizer (``dualemb/tf/optimizers/legacy_wrapper.py``). The table is a checkpoint dependency of
+the layer (``model.save_weights`` in the TF format and ``tf.train.Checkpoint`` save it).
 """
 
 from __future__ import annotations

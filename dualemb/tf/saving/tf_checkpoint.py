@@ -1,7 +1,7 @@
 """A ``de.Variable`` in TF object checkpoints (``tf.train.Checkpoint``, ``CheckpointManager``)
 and SavedModels: the bodies of ``Variable._serialize_to_tensors`` / ``_restore_from_tensors``.
 
-The tensors are those of ``dualemb.tf.variable_state`` (six per variable, whatever its shard count
+The tensors are those of ``saving.variable_state`` (six per variable, whatever its shard count
 and optimizer), built with the dualemb TF ops only, so the same code runs eagerly and in the
 functions a SavedModel stores; a SavedModel re-creates its tables (same ids, same config) when it
 is loaded in a fresh process after ``import dualemb.tf``. See docs/tf_saving.md.
@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import tensorflow as tf
 
 from dualemb.core.checkpoint import CheckpointError
-from dualemb.tf import variable_state as state
+from dualemb.tf.saving import variable_state as state
 
 try:
     from tensorflow.python.checkpoint import tensor_callable

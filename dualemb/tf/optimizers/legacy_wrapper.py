@@ -1,41 +1,21 @@
 """``DynamicEmbeddingOptimizer`` for tf_keras (Keras 2) and ``tf.compat.v1.train`` optimizers.
 
-Most TFRA code predates Keras 3: it wraps a tf_keras optimizer (``tf_keras.optimizers.Adam``, what
-``tf.keras`` is under ``TF_USE_LEGACY_KERAS=1``), a legacy one (``tf_keras.optimizers.legacy``) or
-a TF1 optimizer used eagerly (``tf.compat.v1.train.AdamOptimizer``). ``wrap(optimizer)`` makes such
-an optimizer train dynamic embeddings too, so that the import is the only line to change.
+``wrap(optimizer, api)`` makes such an optimizer train dynamic embeddings too, so that the import
+is the only line of TFRA code to change. Unlike the Keras 3 wrapper (``keras_wrapper.py``) it
+**changes the optimizer it is given** and returns it (as TFRA does; a tf_keras ``model.compile``
+needs a tf_keras optimizer instance): the instance's class becomes a subclass of its own class
+(same ``__name__``; no other instance or class touched) whose ``apply_gradients`` runs the core's
+fused optimizer on the anchors' rows (``row_update.py``), then hands the dense gradients to the
+original ``apply_gradients``.
 
-Unlike the Keras 3 wrapper (``optimizer.py``), this one **changes the optimizer it is given** and
-returns it: the instance's class becomes a subclass of its own class (same ``__name__``, nothing
-else changed, no other instance or class touched) whose ``apply_gradients`` first takes out the
-gradients of dynamic embedding anchors (``trainable.py``) and runs the core's fused optimizer on
-their rows, then hands the dense gradients to the original ``apply_gradients``. A tf_keras
-``model.compile`` needs a tf_keras optimizer instance, so a separate wrapper object would not do;
-TFRA also modifies the instance it wraps.
-
-The fused update is the same optimizer, with its hyper-parameters, its current learning rate and
-step, only where the core computes exactly what the wrapped optimizer computes on a dense
-variable holding the rows (checked by tests/tf/test_tf_legacy_optimizers.py); any other optimizer or
-option raises ``TypeError`` / ``NotImplementedError`` when wrapped, naming what is supported:
-
-- tf_keras ``optimizers``: SGD (momentum, nesterov), Adam (amsgrad), AdamW, Adagrad, Adamax,
-  Nadam, RMSprop (momentum, centered), Adadelta, Ftrl, Lion — Keras 3 ported them, same math.
-  ``weight_decay`` is applied as tf_keras does (``w -= w * weight_decay * lr`` before the step);
-  ``clipnorm`` / ``clipvalue`` / ``global_clipnorm`` are refused.
-- tf_keras ``optimizers.legacy`` (and TF's own old ``tensorflow.python.keras`` copies): SGD
-  (momentum, nesterov), Adam (amsgrad), Adagrad, Adamax, Adadelta, Ftrl, Nadam, RMSprop
-  (momentum, centered); ``decay`` and learning-rate schedules are followed (legacy Nadam ignores
-  ``decay`` for its learning rate, and so does the wrapper). Three of them compute another formula
-  than Keras 3's, which the core takes as a hyper-parameter: Adagrad and RMSprop without momentum
-  add epsilon outside the square root (``epsilon_in_sqrt: false``), Nadam's momentum schedule is
-  ``beta_1*(1 - 0.5*0.96^(0.004*t))`` (``schedule_decay``).
-- ``tf.compat.v1.train``: GradientDescentOptimizer, AdamOptimizer and AdagradOptimizer (Keras'
-  Adagrad with epsilon 0); learning rates may be callables. TF1 optimizers have no step counter:
-  the wrapper keeps one (``dualemb_step``), advanced by every ``apply_gradients``, which is the
-  step TF1's Adam counts in its beta powers.
-
-The step is ``iterations + 1`` for tf_keras optimizers. When a step has embedding gradients only,
-the wrapper advances ``iterations`` itself (tf_keras skips an empty step; TF1 refuses one).
+Contract: the fused update is the same optimizer, with its hyper-parameters, current learning
+rate and step, only where the core computes exactly what the wrapped optimizer computes on a
+dense variable (tests/test_tf_legacy_optimizers.py); any other optimizer or option raises
+``TypeError`` / ``NotImplementedError`` when wrapped, naming what is supported (``SUPPORTED``;
+docs/tf.md, "Keras 2 (tf_keras) and TF1 code", lists them, and the three legacy formulas the
+core takes as hyper-parameters). The step is ``iterations + 1`` for tf_keras optimizers; TF1 ones get
+a counter of their own (``dualemb_step``). A step with embedding gradients only advances
+``iterations`` itself (tf_keras skips an empty step; TF1 refuses one).
 """
 
 from __future__ import annotations
@@ -45,7 +25,8 @@ import sys
 
 import tensorflow as tf
 
-from dualemb.tf import row_update
+from dualemb.tf import keras_adapter
+from dualemb.tf.optimizers import row_update
 from dualemb.tf.trainable import TrainableWrapper, anchor_holding, anchor_params, is_anchor
 
 _V1 = tf.compat.v1.train
@@ -181,7 +162,7 @@ class _KerasTwo(_Api):
         return spec
 
     def learning_rate(self, optimizer):
-        lr = optimizer._learning_rate
+        lr = keras_adapter.learning_rate_setting(optimizer)
         if callable(lr):  # a LearningRateSchedule, evaluated where tf_keras evaluates it
             lr = lr(optimizer.iterations)
         return tf.cast(lr, tf.float32)
@@ -190,10 +171,10 @@ class _KerasTwo(_Api):
         if self.family[1] == "adamw" or optimizer.weight_decay is None:
             return 0.0
         if isinstance(anchor, tf.Variable):  # a tf_keras layer's anchor
-            if not optimizer._use_weight_decay(anchor):
+            if not keras_adapter.uses_weight_decay(optimizer, anchor):
                 return 0.0
         elif any(re.search(name, anchor.name) for name in
-                 getattr(optimizer, "_exclude_from_weight_decay_names", [])):
+                 keras_adapter.tf_keras_weight_decay_excluded_names(optimizer)):
             return 0.0  # (tf_keras cannot key a Keras 3 variable: only names can exclude it)
         return _number("weight_decay", optimizer.weight_decay)
 
@@ -213,7 +194,7 @@ class _KerasTwoLegacy(_Api):
         for key in hyper:
             value = getattr(optimizer, key, None)  # a hyper (variable) or a public attribute
             if value is None:  # kept private (Ftrl's initial_accumulator_value, ...)
-                value = getattr(optimizer, "_" + key)
+                value = keras_adapter.legacy_private_hyper(optimizer, key)
             spec[key] = _number(key, value)
         if class_name == "Adagrad":
             # TF's ResourceApplyAdagradV2: w -= lr*g / (sqrt(a) + epsilon)
@@ -221,28 +202,33 @@ class _KerasTwoLegacy(_Api):
         elif class_name == "RMSprop":
             # Without momentum OptimizerV2 computes w -= lr*g / (sqrt(v) + epsilon) itself; with
             # momentum TF's ResourceApply(Centered)RMSProp takes sqrt(v + epsilon), as Keras 3.
-            spec["epsilon_in_sqrt"] = bool(optimizer._momentum)
+            spec["epsilon_in_sqrt"] = keras_adapter.legacy_has_momentum(optimizer)
         elif class_name == "Nadam":
             # Momentum schedule beta_1*(1 - 0.5*0.96^(schedule_decay*t)); OptimizerV2 keeps
             # schedule_decay (0.004 by default) as its ``decay``.
-            spec["schedule_decay"] = _number("schedule_decay", optimizer._initial_decay)
+            spec["schedule_decay"] = _number("schedule_decay",
+                                              keras_adapter.legacy_initial_decay(optimizer))
         return spec
 
     def learning_rate(self, optimizer):
         if self.family[0] == "Nadam":  # its _prepare_local reads the learning rate undecayed
-            return tf.cast(optimizer._get_hyper("learning_rate", tf.float32), tf.float32)
-        return tf.cast(optimizer._decayed_lr(tf.float32), tf.float32)
+            return tf.cast(keras_adapter.legacy_hyper(optimizer, "learning_rate", tf.float32),
+                           tf.float32)
+        return tf.cast(keras_adapter.legacy_decayed_learning_rate(optimizer, tf.float32),
+                       tf.float32)
 
     def advance(self, optimizer, dense_applied):
-        m_cache = getattr(optimizer, "_m_cache", None) if self.family[0] == "Nadam" else None
+        m_cache = keras_adapter.legacy_nadam_momentum_cache(optimizer) \
+            if self.family[0] == "Nadam" else None
         if not dense_applied and m_cache is not None:
             # Nadam's momentum_cache (the product of the schedule's factors) advances with every
             # apply_gradients: an embedding-only step advances it as Nadam would, so that the
             # dense variables' next step sees the cache of their step.
             step = tf.cast(optimizer.iterations + 1, m_cache.dtype)
-            beta_1 = optimizer._get_hyper("beta_1", m_cache.dtype)
+            beta_1 = keras_adapter.legacy_hyper(optimizer, "beta_1", m_cache.dtype)
             factor = beta_1 * (1.0 - 0.5 * tf.pow(tf.cast(0.96, m_cache.dtype),
-                                                  optimizer._initial_decay * step))
+                                                  keras_adapter.legacy_initial_decay(optimizer)
+                                                  * step))
             m_cache.assign(m_cache * factor)
         super().advance(optimizer, dense_applied)
 
@@ -256,20 +242,20 @@ class _TfV1(_Api):
     def spec(self, optimizer):
         if isinstance(optimizer, _V1.AdamOptimizer):
             return {"name": "adam", "flavor": "keras", "amsgrad": False,
-                    **{k: _number(k, optimizer._call_if_callable(getattr(optimizer, a)))
+                    **{k: _number(k, keras_adapter.tf_v1_value(optimizer, a))
                        for k, a in (("beta_1", "_beta1"), ("beta_2", "_beta2"),
                                     ("epsilon", "_epsilon"))}}
         if isinstance(optimizer, _V1.AdagradOptimizer):
             # TF1: a += g*g; w -= lr*g/sqrt(a) — Keras' Adagrad with epsilon 0.
             return {"name": "adagrad", "flavor": "keras", "epsilon": 0.0,
                     "initial_accumulator_value": _number(
-                        "initial_accumulator_value", optimizer._initial_accumulator_value)}
+                        "initial_accumulator_value",
+                        keras_adapter.tf_v1_value(optimizer, "_initial_accumulator_value"))}
         return {"name": "sgd", "flavor": "keras", "momentum": 0.0, "nesterov": False}
 
     def learning_rate(self, optimizer):
-        lr = optimizer._lr if isinstance(optimizer, _V1.AdamOptimizer) else \
-            optimizer._learning_rate
-        return tf.cast(optimizer._call_if_callable(lr), tf.float32)
+        attribute = "_lr" if isinstance(optimizer, _V1.AdamOptimizer) else "_learning_rate"
+        return tf.cast(keras_adapter.tf_v1_value(optimizer, attribute), tf.float32)
 
     def _counter(self, optimizer):
         counter = optimizer.__dict__.get("_dualemb_step")

@@ -49,8 +49,8 @@ def family_of(optimizer):
         f"DynamicEmbeddingOptimizer cannot wrap {type(optimizer).__module__}."
         f"{type(optimizer).__name__}: it wraps Keras 3 optimizers ({SUPPORTED_NAMES}, or their "
         "subclasses, or a LossScaleOptimizer around one), some tf_keras and tf.compat.v1.train "
-        "optimizers (see dualemb/tf/legacy_optimizer.py); other optimizers (Lamb, Adafactor, "
-        "Muon, ...) are not supported")
+        "optimizers (see dualemb/tf/optimizers/legacy_wrapper.py); other optimizers (Lamb, "
+        "Adafactor, Muon, ...) are not supported")
 
 
 def _number(name, value):

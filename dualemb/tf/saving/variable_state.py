@@ -26,7 +26,8 @@ from dualemb.core.checkpoint import Subset as _ckpt_subset
 from dualemb.core.routing import shard_of
 from dualemb.core.spec import parse_description, to_spec
 from dualemb.core.table import Table, _core
-from dualemb.tf import ops, remote_shards
+from dualemb.tf import ops
+from dualemb.tf.distribute import remote_shards
 from dualemb.tf.distribute import replica_shards
 
 FORMAT = "dualemb.tf.variable"
@@ -315,7 +316,7 @@ def _own_replicas_share(var, fields: dict, n: int) -> list:
     keys = fields["keys"]
     num_replicas = replica_shards.owning_replicas(var)
     to_local = np.full(num_replicas, -1, np.int32)
-    to_local[np.asarray(var._local_replicas, np.intp)] = np.arange(n, dtype=np.int32)
+    to_local[np.asarray(replica_shards.local_replicas(var), np.intp)] = np.arange(n, dtype=np.int32)
     local = tf.gather(tf.constant(to_local), tf.cast(shard_of(keys, num_replicas), tf.int32))
     held = local >= 0
     kept = {f: tf.boolean_mask(t, held) for f, t in fields.items()}

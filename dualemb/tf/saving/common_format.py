@@ -19,10 +19,10 @@ import tensorflow as tf
 
 from dualemb.core import checkpoint as _ckpt
 from dualemb.core.checkpoint import CheckpointError
-from dualemb.tf import remote_shards
-from dualemb.tf import variable_state as state
-from dualemb.tf.distribute import job_checkpoint, replica_shards
-from dualemb.tf.keras_files import own_de_variables
+from dualemb.tf import keras_adapter
+from dualemb.tf.distribute import job_checkpoint, remote_shards, replica_shards
+from dualemb.tf.saving import variable_state as state
+from dualemb.tf.saving.keras_files import own_de_variables
 from dualemb.tf.trainable import is_trainable_wrapper
 from dualemb.tf.variable import Variable
 
@@ -57,7 +57,7 @@ def find_variables(obj) -> dict:
                 walk(v)
             return
         if isinstance(o, keras.layers.Layer):
-            for layer in [o] + list(o._flatten_layers(include_self=False, recursive=True)):
+            for layer in [o] + keras_adapter.sublayers(o):
                 for var in own_de_variables(layer):
                     add(var)
         if isinstance(o, tf.__internal__.tracking.Trackable):

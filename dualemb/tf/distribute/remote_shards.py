@@ -40,11 +40,10 @@ def _scratch_copy(shard, key_dtype: tf.DType, dim: int, value_dtype: tf.DType) -
     # same Redis table from the chief (and destroying it could touch the shared rows).
     config = {k: v for k, v in config.items() if k not in ("backend", "redis")}
     tid = _core.create(0, to_spec(config))
-    table = Table.attach(tid)
+    table = Table.attach(tid)  # caches only the immutable dim and dtypes
     try:
         if opt is not None:
             _core.set_optimizer(tid, to_spec(opt))
-            table._read_dims()
         with tf.init_scope():
             page = ops.export_table(shard.resource, key_dtype=key_dtype, dim=dim,
                                     value_dtype=value_dtype)

@@ -2,7 +2,7 @@
 of a DE layer's ``save_own_variables`` / ``load_own_variables``.
 
 A layer's store gets its Keras variables exactly as Keras writes them ("0", "1", ...) and, per
-de.Variable the layer holds, the tensors of ``dualemb.tf.variable_state`` as
+de.Variable the layer holds, the tensors of ``dualemb.tf.saving.variable_state`` as
 ``dualemb.<j>.<field>``. Keras' stores hold numeric arrays only (HDF5 has no variable-length
 bytes that keep NULs through Keras), so the keys of a string-keyed Variable are stored as
 ``dualemb.<j>.key_offsets`` + ``dualemb.<j>.key_bytes`` instead of ``dualemb.<j>.keys``, the
@@ -19,7 +19,8 @@ import tensorflow as tf
 
 from dualemb.core import _string_keys
 from dualemb.core.checkpoint import CheckpointError
-from dualemb.tf import variable_state as state
+from dualemb.tf import keras_adapter
+from dualemb.tf.saving import variable_state as state
 from dualemb.tf.trainable import is_trainable_wrapper
 from dualemb.tf.variable import Variable
 
@@ -60,7 +61,7 @@ def _saved_de_variables(layer) -> list:
 
 
 def _keras_vars(layer) -> list:
-    return list(layer._trainable_variables) + list(layer._non_trainable_variables)
+    return keras_adapter.layer_own_variables(layer)
 
 
 def layer_save_own_variables(layer, store) -> None:

@@ -2,50 +2,24 @@
 
 ``DynamicEmbeddingOptimizer(keras.optimizers.Adam(...))`` returns a
 ``DynamicEmbeddingOptimizerWrapper`` around the optimizer it is given, which it leaves as it is
-(its class, attributes and variables), the way Keras' ``LossScaleOptimizer`` wraps an inner
-optimizer. For every gradient the wrapper is given:
+(class, attributes, variables), the way Keras' ``LossScaleOptimizer`` wraps one. Per gradient:
 
-- a dense variable's gradient goes to the wrapped optimizer (``inner_optimizer``);
-- a ``TrainableWrapper``'s gradient (``IndexedSlices`` over table keys, see ``trainable.py``) goes
-  to the core's fused optimizer, defined exactly as the Keras optimizer, with its
-  hyper-parameters, its current learning rate (schedules included: evaluated at ``iterations``)
-  and ``step = iterations + 1``. The core sums the gradients of duplicate keys and inserts new
-  keys, with their slots, as it updates them.
+- a dense variable's goes to the wrapped optimizer (``inner_optimizer``);
+- a ``TrainableWrapper``'s (``IndexedSlices`` over table keys, see ``trainable.py``) goes to the
+  core's fused optimizer, defined exactly as the Keras optimizer, with its hyper-parameters, its
+  current learning rate (schedules included) and ``step = iterations + 1``; duplicate keys are
+  summed and new keys inserted with their slots.
 
-``iterations``, ``learning_rate`` and public hyper-parameters (``beta_1``, ...) are the wrapped
-optimizer's; ``variables`` are the wrapped optimizer's (preceded by the loss-scaling state when
-loss scaling is on), so files written before the wrapper existed still load.
-
-An embedding's gradient is the gradient of a dense variable holding its rows: the per-occurrence
-gradients of a key are summed (TFRA's plain lookup lets the last duplicate win instead; Keras fed
-the ``IndexedSlices`` of a dense ``keras.layers.Embedding`` applies its nonlinear update math per
-occurrence, e.g. Adam's second moment gets the sum of squares rather than the square of the sum).
-Gradient options of the wrapped optimizer act on that gradient as Keras acts on a dense variable's:
-``clipnorm`` clips each Variable's gradient by its L2 norm, ``clipvalue`` clips it elementwise,
-``global_clipnorm`` clips all gradients, dense and embedding, by their joint norm, and
-``weight_decay`` decays the rows being updated (``w -= w * weight_decay * lr``, before the step;
-``exclude_from_weight_decay`` is honored). ``loss_scale_factor`` unscales them first. ``use_ema``
-averages the dense weights only; ``gradient_accumulation_steps`` raises ``NotImplementedError``.
-
-**Mixed precision.** Under a ``mixed_float16`` policy ``model.compile`` wraps any optimizer that is
-not a ``keras.optimizers.LossScaleOptimizer`` in one, and that one cannot take key-indexed
-gradients (to test them for inf/NaN it scatters every gradient into a dense tensor of the
-variable's shape). So the wrapper is itself a ``LossScaleOptimizer`` (compile leaves it alone) and
-does the dynamic loss scaling, embedding gradients included, with Keras' rules: the loss is
-multiplied by the scale, the gradients divided by it; a step with a non-finite gradient is skipped
-(tables, dense weights and ``iterations`` untouched) and halves the scale; ``dynamic_growth_steps``
-finite steps in a row double it. Loss scaling is on when the optimizer given is a
-``LossScaleOptimizer`` (its ``initial_scale`` and ``dynamic_growth_steps`` are used), or when the
-global dtype policy is ``mixed_float16`` when the wrapper is made (what compile would do); it is
-off otherwise, and the wrapper then only routes gradients.
-
-**Only the rows in the batch are updated**, as in TFRA: a row's optimizer state (momentum,
-Adam's moments, ...) advances only on the steps where its key occurs. A dense Keras variable
-instead applies the update to every row at every step, and with momentum-style optimizers
-(SGD with momentum, Adam, Adamax, Nadam, RMSprop with momentum, Lion, Adadelta) a row whose
-gradient is zero at this step still moves by its accumulated momentum there. So a dense and a
-dynamic embedding agree exactly on rows present at every step, and rows absent from a batch keep
-their values and state until their key comes back; bias corrections use the global step.
+``iterations``, ``learning_rate``, public hyper-parameters and ``variables`` are the wrapped
+optimizer's (preceded by the loss-scaling state when it is on), so files written before the
+wrapper existed still load. The wrapped optimizer's gradient options (``clipnorm``,
+``clipvalue``, ``global_clipnorm``, ``weight_decay``, ``loss_scale_factor``) act on embedding
+gradients as Keras acts on a dense variable's; ``gradient_accumulation_steps`` raises
+``NotImplementedError``. The wrapper is itself a ``LossScaleOptimizer`` (so ``model.compile``
+under ``mixed_float16`` leaves it alone) and does dynamic loss scaling with Keras' rules when
+given one or made under that policy. Only the rows in the batch are updated, as in TFRA. Every
+rule, with what differs from a dense variable: docs/tf.md ("Training: how gradients reach the
+table"). Private Keras attributes are read through ``dualemb/tf/keras_adapter.py``.
 """
 
 from __future__ import annotations
@@ -56,7 +30,10 @@ import copy
 import keras
 import tensorflow as tf
 
-from dualemb.tf import legacy_optimizer, optimizer_specs, row_update
+from dualemb.tf.optimizers import legacy_wrapper as legacy_optimizer
+from dualemb.tf.optimizers import fused_specs as optimizer_specs
+from dualemb.tf import keras_adapter
+from dualemb.tf.optimizers import row_update
 from dualemb.tf.trainable import is_trainable_wrapper
 
 
@@ -197,7 +174,7 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
         self.inner_optimizer.learning_rate = learning_rate
 
     def _get_current_learning_rate(self):
-        return self.inner_optimizer._get_current_learning_rate()
+        return keras_adapter.current_learning_rate(self.inner_optimizer)
 
     def _scaling_built(self) -> bool:
         return self.dynamic_loss_scale and self.built
@@ -267,7 +244,7 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
             if not self.built:
                 raise ValueError("DynamicEmbeddingOptimizer: pass the variables with the "
                                  "gradients (or build the optimizer first)")
-            trainable_variables = self._trainable_variables
+            trainable_variables = keras_adapter.built_trainable_variables(self)
         grads, variables = list(grads), list(trainable_variables)
         if not grads:
             return  # as Keras: nothing to apply
@@ -324,11 +301,11 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
                                       "gradient_accumulation_steps")
         with tf.name_scope(self.name):
             if given_step is None:
-                learning_rate = tf.cast(inner._get_current_learning_rate(), tf.float32)
-                step = tf.cast(inner._iterations, tf.int64) + 1
+                learning_rate = tf.cast(keras_adapter.current_learning_rate(inner), tf.float32)
+                step = tf.cast(keras_adapter.step_counter(inner), tf.int64) + 1
             else:  # the caller's step, for the schedule too (as Keras evaluates it at step - 1)
                 step = tf.cast(given_step, tf.int64)
-                learning_rate = inner._learning_rate
+                learning_rate = keras_adapter.learning_rate_setting(inner)
                 if isinstance(learning_rate, keras.optimizers.schedules.LearningRateSchedule):
                     learning_rate = learning_rate(step - 1)
                 learning_rate = tf.cast(learning_rate, tf.float32)
@@ -339,7 +316,7 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
             with _gradient_options_off(inner):
                 inner.apply(dense_grads, dense_vars)  # also increments iterations
         else:
-            inner._iterations.assign_add(1)
+            keras_adapter.step_counter(inner).assign_add(1)
 
     # ---- embedding gradients -------------------------------------------------------------------
     def _preprocess(self, groups, dense_grads, scale):
@@ -358,8 +335,8 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
                 group.values = group.values / tf.cast(scale, tf.float32)
         if inner.clipnorm and inner.clipnorm > 0:
             for group in groups:
-                group.values = inner._clip_by_norm(group.values)
-            return inner._clip_gradients(dense_grads)
+                group.values = keras_adapter.clip_by_norm(inner, group.values)
+            return keras_adapter.clip_gradients(inner, dense_grads)
         if inner.global_clipnorm and inner.global_clipnorm > 0:
             squares = [_sum_of_squares(g) for g in dense_grads] + [
                 _sum_of_squares(group.values) for group in groups]
@@ -374,13 +351,14 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
             v = inner.clipvalue
             for group in groups:
                 group.values = tf.clip_by_value(group.values, -v, v)
-            return inner._clip_gradients(dense_grads)
+            return keras_adapter.clip_gradients(inner, dense_grads)
         return dense_grads
 
     def _update_rows(self, group, learning_rate, step):
         inner = self.inner_optimizer
         params = group.params
-        decay = inner.weight_decay is not None and inner._use_weight_decay(group.wrappers[0])
+        decay = (inner.weight_decay is not None
+                 and keras_adapter.uses_weight_decay(inner, group.wrappers[0]))
         spec, front_end_decay = optimizer_specs.fused_spec(inner, decay)
         row_update.attach(params, spec, self)
         if front_end_decay:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from dualemb.core.spec import to_spec
 from dualemb.tf import ops
 
 
@@ -43,17 +42,17 @@ class Group:
 
 def attach(params, spec: dict, owner) -> None:
     """Makes ``spec`` the fused optimizer of ``params``' tables (``owner``: the optimizer)."""
-    params._attach_optimizer(spec, to_spec(spec), owner)
+    params.router.attach_optimizer(spec, owner)
 
 
 def decay_rows(params, keys, decay, learning_rate) -> None:
     """Decoupled weight decay done by the front end: row -= row * decay * learning_rate for each
     distinct key, in float32 arithmetic (a float16/bfloat16 row is widened, then rounded back)."""
     unique, _ = tf.unique(keys)
-    rows, _ = params._find_flat(unique)
+    rows, _ = params.router.find(unique)
     rows = tf.cast(rows, tf.float32)
     decayed = rows - rows * tf.cast(decay, tf.float32) * tf.cast(learning_rate, tf.float32)
-    params._write_flat(ops.insert_or_assign, unique, tf.cast(decayed, params.value_dtype))
+    params.router.write(ops.insert_or_assign, unique, tf.cast(decayed, params.value_dtype))
 
 
 def fused_step(group: Group, learning_rate, step) -> None:
@@ -64,7 +63,7 @@ def fused_step(group: Group, learning_rate, step) -> None:
     def step_fn(table_id, keys, grads):
         return ops.apply_gradients(table_id, keys, grads, learning_rate, step)
 
-    params._write_flat(step_fn, group.keys, group.values)
+    params.router.write(step_fn, group.keys, group.values)
     if params.restrict_policy is not None:
         params.restrict_policy.apply_update(group.keys)
     for wrapper in {id(w): w for w in group.wrappers}.values():

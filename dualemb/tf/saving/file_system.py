@@ -14,7 +14,7 @@ import numpy as np
 from dualemb.core import checkpoint as _ckpt
 from dualemb.core.checkpoint import CheckpointError
 from dualemb.core.table import Table
-from dualemb.tf import variable_state as state
+from dualemb.tf.saving import variable_state as state
 
 
 def _fs_dir(var, dirpath, proc_size, proc_rank, dirpath_env) -> str:
