@@ -7,13 +7,18 @@ Optax Adam; the whole step is one ``nnx.jit``. Every few hundred steps an Orbax
 restored into a fresh process-like state and evaluated again.
 
     python examples/jax_flax_train.py [--steps 300] [--ckpt /tmp/dualemb_flax_example]
+
+``--ckpt DIR`` starts from an empty DIR: the checkpoints of an earlier run of this example there
+are deleted first (it says so); a DIR holding anything else is refused, untouched.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
+import sys
 import tempfile
 
 import jax
@@ -83,14 +88,45 @@ def to_device(ids: dict) -> dict:
     return {k: dej.ids(v) for k, v in ids.items()}
 
 
+# What Orbax's CheckpointManager writes in its directory: one folder per saved step (and a
+# temporary one while a save is running).
+_STEP_DIR = re.compile(r"^\d+(\.orbax-checkpoint-tmp.*)?$")
+
+
+def prepare_ckpt_dir(path: str) -> str:
+    """Makes `path` ready for a new run: a missing or empty directory is used as it is; one
+    holding only an earlier run's step folders is emptied (and says so); anything else is
+    refused without touching it."""
+    if os.path.isdir(path) and os.listdir(path):
+        entries = sorted(os.listdir(path))
+        foreign = [e for e in entries
+                   if not (_STEP_DIR.match(e) and os.path.isdir(os.path.join(path, e)))]
+        if foreign:
+            sys.exit(f"--ckpt {path}: the directory is not empty and holds files that are not "
+                     f"this example's checkpoints ({', '.join(foreign[:5])}"
+                     f"{', ...' if len(foreign) > 5 else ''}); nothing was deleted. Pass a new "
+                     "or empty directory.")
+        print(f"--ckpt {path}: deleting the checkpoints of an earlier run (steps "
+              f"{', '.join(entries)})")
+        shutil.rmtree(path)
+    elif os.path.exists(path) and not os.path.isdir(path):
+        sys.exit(f"--ckpt {path}: exists and is not a directory")
+    return path
+
+
 def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="--ckpt DIR: where the Orbax checkpoints go (default: a new temporary "
+               "directory). An earlier run's checkpoints in DIR are deleted first; a DIR "
+               "holding anything else is refused.")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--ckpt", default=None)
+    ap.add_argument("--ckpt", default=None, metavar="DIR",
+                    help="checkpoint directory: new, empty, or an earlier run's (deleted first)")
     args = ap.parse_args()
-    ckpt_dir = args.ckpt or tempfile.mkdtemp(prefix="dualemb_flax_")
-    shutil.rmtree(ckpt_dir, ignore_errors=True)
+    ckpt_dir = prepare_ckpt_dir(args.ckpt) if args.ckpt else tempfile.mkdtemp(
+        prefix="dualemb_flax_")
 
     rs = np.random.RandomState(0)
     model = CTRModel(nnx.Rngs(0))

@@ -1,5 +1,7 @@
 """Redis servers for tests: each started on a free 127.0.0.1 port in its own temporary directory,
-without persistence (``--save "" --appendonly no``), and stopped by its pid.
+without persistence (``--save "" --appendonly no``; ``persistent=True``: an append-only file
+synced at every write, so a server killed by its pid restarts with its data), and stopped by its
+pid.
 
 ``redis_server_or_skip()`` skips the calling test, naming the Debian package, when
 ``redis-server`` is not installed (CI installs it with the README's install command).
@@ -50,14 +52,16 @@ class RedisServer:
     """One redis-server process; ``stop()`` kills it by pid (idempotent)."""
 
     def __init__(self, port: int | None = None, password: str | None = None,
-                 cluster: bool = False):
+                 cluster: bool = False, persistent: bool = False):
         require_redis()
         self.port = port or free_port(cluster)
         self.password = password
         self.dir = tempfile.mkdtemp(prefix="dualemb-redis-")
         args = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                "--save", "", "--appendonly", "no", "--dir", self.dir,
+                "--save", "", "--dir", self.dir,
                 "--protected-mode", "no"]
+        args += ["--appendonly", "yes", "--appendfsync", "always"] if persistent else [
+            "--appendonly", "no"]
         if password:
             args += ["--requirepass", password]
         if cluster:
@@ -127,26 +131,48 @@ class RedisServer:
 class RedisCluster:
     """Three masters, no replicas, created with ``redis-cli --cluster create``."""
 
-    def __init__(self, masters: int = 3):
+    def __init__(self, masters: int = 3, persistent: bool = False):
         self.nodes = []
         try:
             for _ in range(masters):
-                self.nodes.append(RedisServer(cluster=True))
+                self.nodes.append(RedisServer(cluster=True, persistent=persistent))
             out = subprocess.run(
                 ["redis-cli", "--cluster", "create", *[n.address for n in self.nodes],
                  "--cluster-replicas", "0", "--cluster-yes"],
                 capture_output=True, text=True, timeout=60)
             if out.returncode != 0:
                 raise RuntimeError(f"redis-cli --cluster create failed: {out.stdout}{out.stderr}")
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline:
-                if all("cluster_state:ok" in n.cli("CLUSTER", "INFO") for n in self.nodes):
-                    return
-                time.sleep(0.1)
-            raise RuntimeError("redis cluster did not reach cluster_state:ok")
+            self.wait_ok()
         except BaseException:
             self.cleanup()
             raise
+
+    @property
+    def addresses(self) -> list:
+        return [n.address for n in self.nodes]
+
+    def wait_ok(self, timeout: float = 30.0) -> None:
+        """Until every node reports cluster_state:ok (after creation, or a node's restart)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all("cluster_state:ok" in n.cli("CLUSTER", "INFO") for n in self.nodes):
+                return
+            time.sleep(0.1)
+        raise RuntimeError("redis cluster did not reach cluster_state:ok")
+
+    def node_of(self, key: str) -> "RedisServer":
+        """The master serving ``key``'s hash slot."""
+        slot = int(self.nodes[0].cli("CLUSTER", "KEYSLOT", key))
+        for line in self.nodes[0].cli("CLUSTER", "NODES").splitlines():
+            fields = line.split()
+            if "master" not in fields[2]:
+                continue
+            for r in fields[8:]:
+                lo, _, hi = r.partition("-")
+                if r[0].isdigit() and int(lo) <= slot <= int(hi or lo):
+                    port = int(fields[1].split("@")[0].rsplit(":", 1)[1])
+                    return next(n for n in self.nodes if n.port == port)
+        raise RuntimeError(f"no master serves slot {slot}")
 
     def cleanup(self) -> None:
         for n in self.nodes:

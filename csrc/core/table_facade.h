@@ -29,7 +29,8 @@
 //  4. Register it in make_storage (storage/factory.cc) under its "backend" name, refusing there
 //     what it cannot hold (string keys need the in-process StringKeys map beside the rows).
 //  5. Test it against the in-memory table on the same inputs, bit for bit (the model:
-//     tests/test_redis_table.py), string keys and values included where the factory allows them.
+//     tests/redis/test_redis_table.py), string keys and values included where the factory allows
+//     them.
 #ifndef DUALEMB_TABLE_FACADE_H_
 #define DUALEMB_TABLE_FACADE_H_
 

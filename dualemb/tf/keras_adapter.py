@@ -1,6 +1,6 @@
 """Every private attribute of Keras 3, tf_keras, TF1 optimizers and TF's strategies that dualemb
 reads, in one place: a framework upgrade that renames one fails here, loudly, and in
-tests/test_tf_keras_adapter.py, which checks each name in ``PINNED`` on the installed Keras 3,
+tests/tf/test_tf_keras_adapter.py, which checks each name in ``PINNED`` on the installed Keras 3,
 tf_keras and TensorFlow.
 
 Each function below is the only reader of its attribute; its callers (``optimizers/``,

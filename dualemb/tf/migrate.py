@@ -542,6 +542,12 @@ def load_tfra_into(target, data, name: str | None = None,
     string keys or values against numeric ones, dim, int32 keys out of range, a value beyond the
     live dtype) leaves every live table unchanged.
 
+    Merge, not replace: the TFRA rows are written over the live rows with the same keys (value,
+    slots and metadata replaced), and rows the live tables hold for other keys stay. Restoring
+    a dualemb checkpoint (`dualemb.core.checkpoint.load`, ``tf.train.Checkpoint.restore``,
+    ``dej.load``) replaces a table's whole content instead. For a table holding exactly the
+    TFRA rows, load into fresh tables or ``clear()`` them first.
+
     Returns:
       A report: ``rows`` (written per live shard), ``slots`` (what was done with the slots),
       ``step`` (TFRA's optimizer iteration count, if the checkpoint had one).

@@ -120,7 +120,7 @@ def test_tf_v1_optimizers():
 
 
 def test_parameter_server_strategy_attributes():
-    # A live ParameterServerStrategy needs a cluster (tests/test_tf_distribute_ps.py runs one);
+    # A live ParameterServerStrategy needs a cluster (tests/tf/distribute/test_tf_distribute_ps.py runs one);
     # here its source pins that the constructor still sets both attributes the adapter reads.
     source = inspect.getsource(tf.distribute.experimental.ParameterServerStrategy)
     for name in adapter.PINNED["parameter_server_strategy"]:

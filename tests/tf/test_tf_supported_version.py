@@ -1,6 +1,6 @@
 """The TF op library supports TensorFlow 2.21 only: configuring the build against another
 TensorFlow fails with a message naming both versions and the way out (the runtime check that a
-built library matches the imported TF is tests/test_tf_ops.py's).
+built library matches the imported TF is tests/tf/test_tf_ops.py's).
 
 The build is configured (not compiled) with a stand-in ``tensorflow`` package on PYTHONPATH
 that reports the version under test; no TensorFlow is needed.

@@ -27,9 +27,6 @@ constexpr size_t kHeader = 16;
 constexpr int kMaxConflicts = 64;   // concurrent writers winning before this one gives up
 constexpr int kMaxRedirects = 5;    // Cluster MOVED answers followed per call
 
-// Thrown inside a call when Cluster answered MOVED: the connection was redirected, redo.
-struct Moved {};
-
 std::string field_of(int64_t key) {
   std::string f(8, '\0');
   std::memcpy(&f[0], &key, 8);
@@ -186,29 +183,24 @@ RedisTable::RedisTable(const std::string& config_text) {
   refuse_unused(c);
   config_json_ = c.echo();
 
-  prefix_ = "de:{" + escape(name) + "/" + escape(tag) + "/" + std::to_string(shard) + "}";
+  ident_ = escape(name) + "/" + escape(tag) + "/" + std::to_string(shard);
+  prefix_ = "de:{" + ident_ + "}";
   meta_key_ = prefix_ + ":meta";
-  for (int64_t i = 0; i < slices; ++i) buckets_.push_back(prefix_ + ":b" + std::to_string(i));
-  conn_.reset(new RedisConnection(std::move(opts)));
+  lock_key_ = prefix_ + ":lock";
+  meta_slot_ = redis_key_slot(meta_key_);
+  slices_ = slices;
+  timeouts_ms_ = opts.connect_timeout_ms + opts.command_timeout_ms;
+  router_.reset(new RedisRouter(opts));
   init_meta();
 }
 
 std::vector<RedisReply> RedisTable::run(const std::vector<RedisCommand>& cmds) const {
-  std::vector<RedisReply> replies = conn_->pipeline(cmds);
-  for (const auto& rep : replies) {
-    if (!rep || rep->type != REDIS_REPLY_ERROR) continue;
-    const std::string e = text(rep.get());
-    if (e.rfind("MOVED ", 0) == 0) {
-      // "MOVED <slot> <host:port>": the table's slot lives on another node.
-      const size_t sp = e.rfind(' ');
-      conn_->redirect(e.substr(sp + 1));
-      throw Moved();
-    }
-    if (e.rfind("ASK ", 0) == 0)
-      throw RedisError("redis cluster: the table's slot is being migrated (" + e +
-                       "); retry when the migration is done");
-  }
-  return replies;
+  return router_->run(meta_slot_, cmds);
+}
+
+std::vector<RedisReply> RedisTable::run_slice(size_t slice,
+                                              const std::vector<RedisCommand>& cmds) const {
+  return router_->run(slice_slot_[slice], cmds);
 }
 
 // Runs `cmds` as one read-only MULTI/EXEC (a consistent snapshot); returns EXEC's reply.
@@ -225,7 +217,7 @@ std::vector<RedisReply> RedisTable::transaction(const std::vector<RedisCommand>&
     std::string why = exec && exec->type == REDIS_REPLY_ERROR ? text(exec.get()) : "";
     for (const auto& r : replies)
       if (r && r->type == REDIS_REPLY_ERROR) why += " " + text(r.get());
-    throw RedisError("redis at " + conn_->where() + " refused a read: " + why);
+    throw RedisError("redis at " + router_->where(meta_slot_) + " refused a read: " + why);
   }
   replies.clear();
   replies.push_back(std::move(exec));
@@ -237,16 +229,20 @@ auto with_redirects(Fn&& fn) -> decltype(fn()) {
   for (int i = 0;; ++i) {
     try {
       return fn();
-    } catch (const Moved&) {
+    } catch (const RedisMoved&) {
       if (i >= kMaxRedirects)
-        throw RedisError("redis cluster kept redirecting the table's slot (MOVED) " +
-                         std::to_string(kMaxRedirects) + " times; is the cluster resharding?");
+        throw RedisError("redis cluster kept redirecting a slot of the table (MOVED) " +
+                         std::to_string(kMaxRedirects) + " times; is the cluster resharding, or "
+                         "is a cluster node used with a mode other than 'cluster'?");
     }
   }
 }
 
+// Fields 0-4 as refresh_meta and init_meta read them; 5: a spread batch in progress (its
+// token), 6: the last batch token (txn).
 RedisCommand RedisTable::meta_read() const {
-  return {"HMGET", meta_key_, "clock", "opt_gen", "optimizer", "dim", "key_dtype"};
+  return {"HMGET", meta_key_, "clock", "opt_gen", "optimizer", "dim", "key_dtype", "pending",
+          "txn"};
 }
 
 void RedisTable::refresh_meta(const redisReply* clock, const redisReply* gen,
@@ -263,28 +259,81 @@ void RedisTable::refresh_meta(const redisReply* clock, const redisReply* gen,
 
 void RedisTable::init_meta() {
   std::lock_guard<std::mutex> lock(mu_);
-  with_redirects([&] {
-    auto rep = run({{"HSETNX", meta_key_, "dim", std::to_string(dim_)},
-                    {"HSETNX", meta_key_, "key_dtype", key_dtype_ ? "int32" : "int64"},
-                    meta_read()});
+  const std::string kd = key_dtype_ ? "int32" : "int64";
+  auto check = [&](const std::vector<RedisReply>& rep) {
     for (const auto& r : rep)
-      if (r->type == REDIS_REPLY_ERROR)
-        throw RedisError("redis at " + conn_->where() + ": " + text(r.get()));
-    const redisReply* m = rep[2].get();
-    const int64_t d = as_int(m->element[3], dim_);
-    const std::string kd = text(m->element[4]);
-    if (d != dim_ || kd != (key_dtype_ ? "int32" : "int64"))
-      throw std::invalid_argument("redis table " + prefix_ + " exists with dim " +
-                                  std::to_string(d) + " and " + kd + " keys; this config asks "
-                                  "for dim " + std::to_string(dim_) + " and " +
-                                  (key_dtype_ ? "int32" : "int64") + " keys");
-    refresh_meta(m->element[0], m->element[1], m->element[2]);
+      if (r && r->type == REDIS_REPLY_ERROR)
+        throw RedisError("redis at " + router_->where(meta_slot_) + ": " + text(r.get()));
+  };
+  with_redirects([&] {
+    for (int attempt = 0;; ++attempt) {
+      auto rep = run({{"WATCH", meta_key_},
+                      {"HMGET", meta_key_, "dim", "key_dtype", "storage_slice", "slice_tags"}});
+      check(rep);
+      const redisReply* m = rep[1].get();
+      if (m->element[0]->type == REDIS_REPLY_NIL) {
+        // A new table. In a Cluster, several slices are spread over the masters; the tags are
+        // stored, so the table keeps its keys whatever the cluster's later shape.
+        std::string tags;
+        try {
+          tags = router_->cluster() && slices_ > 1 ? choose_slice_tags() : "";
+        } catch (...) {
+          run({{"UNWATCH"}});
+          throw;
+        }
+        RedisCommand set = {"HSET", meta_key_, "dim", std::to_string(dim_), "key_dtype", kd,
+                            "storage_slice", std::to_string(slices_)};
+        if (!tags.empty()) {
+          set.push_back("slice_tags");
+          set.push_back(tags);
+        }
+        auto w = run({{"MULTI"}, set, {"EXEC"}});
+        check(w);
+        if (w.back()->type == REDIS_REPLY_NIL) {  // another process created it: read that one
+          if (attempt + 1 >= kMaxConflicts)
+            throw RedisError("redis table " + prefix_ + ": could not create its meta hash");
+          continue;
+        }
+        set_layout(tags);
+        break;
+      }
+      run({{"UNWATCH"}});
+      const int64_t d = as_int(m->element[0], dim_);
+      const std::string stored_kd = text(m->element[1]);
+      if (d != dim_ || stored_kd != kd)
+        throw std::invalid_argument("redis table " + prefix_ + " exists with dim " +
+                                    std::to_string(d) + " and " + stored_kd + " keys; this "
+                                    "config asks for dim " + std::to_string(dim_) + " and " + kd +
+                                    " keys");
+      // A key's slice depends on storage_slice: another count would look for rows elsewhere.
+      const int64_t stored_slices = as_int(m->element[2], -1);
+      if (stored_slices >= 0 && stored_slices != slices_)
+        throw std::invalid_argument(
+            "redis table " + prefix_ + " exists with storage_slice " +
+            std::to_string(stored_slices) + "; this config asks for " + std::to_string(slices_) +
+            " (a key's slice depends on it: open the table with storage_slice " +
+            std::to_string(stored_slices) + ", or save it to a checkpoint and load that into a "
+            "table of another name)");
+      set_layout(text(m->element[3]));
+      if (stored_slices < 0) {
+        // Made by a dualemb that did not record storage_slice (every slice in meta's slot): a
+        // slice past this config's last one means it was written with more slices.
+        auto e = run({{"EXISTS", prefix_ + ":b" + std::to_string(slices_)}});
+        check(e);
+        if (e[0]->integer != 0)
+          throw std::invalid_argument(
+              "redis table " + prefix_ + " was written with more than storage_slice " +
+              std::to_string(slices_) + " slices (it has " + prefix_ + ":b" +
+              std::to_string(slices_) + "); open it with the storage_slice it was written with");
+        check(run({{"HSETNX", meta_key_, "storage_slice", std::to_string(slices_)}}));
+      }
+      break;
+    }
+    auto rep = run({meta_read()});
+    check(rep);
+    refresh_meta(rep[0]->element[0], rep[0]->element[1], rep[0]->element[2]);
     return 0;
   });
-}
-
-std::string RedisTable::bucket_key(uint64_t h) const {
-  return buckets_[(h >> 32) % buckets_.size()];
 }
 
 namespace {
@@ -329,6 +378,77 @@ std::string encode_row(const float* row, int64_t width, uint32_t gen, uint32_t c
 
 }  // namespace
 
+bool RedisTable::spread_changes(const Rows& rows, std::vector<std::string>& before,
+                                std::vector<uint8_t>& stored, std::vector<uint8_t>& known,
+                                std::vector<SliceChange>& changes) const {
+  changes.assign(buckets_.size(), SliceChange());
+  auto slice_of = [&](int64_t k) { return (hash_key(k) >> 32) % buckets_.size(); };
+  // Rows the batch touches without having read them (erase, restrict): read them now, still
+  // under meta's WATCH, so that a rollback can put them back.
+  const size_t n = rows.keys.size();
+  before.resize(n);
+  stored.resize(n, 0);
+  known.resize(n, 0);
+  std::vector<std::pair<int, RedisCommand>> reads;
+  std::vector<std::vector<size_t>> read_rows;
+  std::vector<RedisCommand> open(buckets_.size());
+  std::vector<std::vector<size_t>> open_rows(buckets_.size());
+  auto flush = [&](size_t b) {
+    if (open_rows[b].empty()) return;
+    reads.emplace_back(slice_slot_[b], std::move(open[b]));
+    read_rows.push_back(std::move(open_rows[b]));
+    open[b].clear();
+    open_rows[b].clear();
+  };
+  for (size_t j = 0; j < n; ++j) {
+    if (known[j] || !(rows.erased[j] || rows.dirty[j])) continue;
+    const size_t b = slice_of(rows.keys[j]);
+    if (open[b].empty()) open[b] = {"HMGET", buckets_[b]};
+    open[b].push_back(field_of(rows.keys[j]));
+    open_rows[b].push_back(j);
+    if (static_cast<int64_t>(open_rows[b].size()) >= keys_sending_size_) flush(b);
+  }
+  for (size_t b = 0; b < buckets_.size(); ++b) flush(b);
+  if (!reads.empty()) {
+    auto got = router_->run_routed(reads);
+    for (size_t c = 0; c < got.size(); ++c) {
+      if (got[c]->type != REDIS_REPLY_ARRAY)
+        throw RedisError("redis: HMGET " + reads[c].second[1] + " failed: " + text(got[c].get()));
+      for (size_t i = 0; i < read_rows[c].size(); ++i) {
+        const redisReply* v = got[c]->element[i];
+        const size_t j = read_rows[c][i];
+        known[j] = 1;
+        if (v->type == REDIS_REPLY_STRING) {
+          before[j].assign(v->str, v->len);
+          stored[j] = 1;
+        }
+      }
+    }
+  }
+  bool any = rows.clear_all;
+  for (size_t j = 0; j < n; ++j) {
+    if (!(rows.erased[j] || rows.dirty[j])) continue;
+    SliceChange& c = changes[slice_of(rows.keys[j])];
+    const std::string f = field_of(rows.keys[j]);
+    if (rows.erased[j]) {
+      if (!stored[j]) continue;  // erasing a key that is not there changes nothing
+      c.del.push_back(f);
+    } else {
+      c.set.push_back(f);
+      c.set.push_back(encode_row(rows.data.data() + j * rows.width, rows.width, meta_.opt_gen,
+                                 rows.count[j], rows.last_update[j]));
+    }
+    if (stored[j]) {
+      c.old.push_back(f);
+      c.old.push_back(std::move(before[j]));
+    } else {
+      c.created.push_back(f);
+    }
+    any = true;
+  }
+  return any;
+}
+
 template <class Compute>
 void RedisTable::write_batch(const int64_t* keys, int64_t n, bool read_rows, Compute&& compute) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -346,6 +466,8 @@ void RedisTable::write_batch(const int64_t* keys, int64_t n, bool read_rows, Com
           if (seen.emplace(keys[i], 0).second) distinct.push_back(keys[i]);
       }
       std::vector<std::pair<size_t, std::vector<int64_t>>> chunks;  // command index, keys
+      // Spread: the rows are read (from their slices' nodes) once meta shows no batch pending.
+      std::vector<std::pair<int, RedisCommand>> reads;
       if (read_rows) {
         for (int64_t k : distinct) by_bucket[(hash_key(k) >> 32) % buckets_.size()].push_back(k);
         for (size_t b = 0; b < buckets_.size(); ++b) {
@@ -353,28 +475,46 @@ void RedisTable::write_batch(const int64_t* keys, int64_t n, bool read_rows, Com
             const size_t e = std::min(by_bucket[b].size(), s + keys_sending_size_);
             RedisCommand c = {"HMGET", buckets_[b]};
             for (size_t i = s; i < e; ++i) c.push_back(field_of(by_bucket[b][i]));
-            chunks.emplace_back(cmds.size(), std::vector<int64_t>(by_bucket[b].begin() + s,
-                                                                   by_bucket[b].begin() + e));
-            cmds.push_back(std::move(c));
+            chunks.emplace_back(cmds.size() + reads.size(),
+                                std::vector<int64_t>(by_bucket[b].begin() + s,
+                                                     by_bucket[b].begin() + e));
+            if (spread_) reads.emplace_back(slice_slot_[b], std::move(c));
+            else cmds.push_back(std::move(c));
           }
         }
       }
       std::vector<RedisReply> rep;
+      auto check_read = [&] {
+        for (const auto& r : rep)
+          if (r->type == REDIS_REPLY_ERROR)
+            throw RedisError("redis at " + router_->where(meta_slot_) + ": " + text(r.get()) +
+                             "; nothing of this batch was written");
+      };
       try {
         rep = run(cmds);
+        check_read();
+        if (spread_ && rep[1]->element[5]->type != REDIS_REPLY_NIL) {
+          // Another writer's batch over several nodes is in progress or was interrupted.
+          run({{"UNWATCH"}});
+          settle();
+          return false;
+        }
+        if (!reads.empty()) {
+          for (auto& r : router_->run_routed(reads)) rep.push_back(std::move(r));
+          check_read();
+        }
       } catch (const RedisError& e) {
         throw RedisError(std::string(e.what()) + "; nothing of this batch was written");
       }
-      for (const auto& r : rep)
-        if (r->type == REDIS_REPLY_ERROR)
-          throw RedisError("redis at " + conn_->where() + ": " + text(r.get()) +
-                           "; nothing of this batch was written");
       try {
         refresh_meta(rep[1]->element[0], rep[1]->element[1], rep[1]->element[2]);
         Rows rows;
         rows.width = width();
         for (int64_t k : distinct) rows.add(k);
         const int ns = num_slots_locked();
+        // Spread: each row as stored before the batch (what a rollback restores), once known.
+        std::vector<std::string> before(distinct.size());
+        std::vector<uint8_t> stored(distinct.size(), 0), known(distinct.size(), read_rows);
         for (const auto& ch : chunks) {
           const redisReply* r = rep[ch.first].get();
           for (size_t i = 0; i < ch.second.size(); ++i) {
@@ -382,6 +522,10 @@ void RedisTable::write_batch(const int64_t* keys, int64_t n, bool read_rows, Com
             if (v->type != REDIS_REPLY_STRING) continue;
             const int64_t j = rows.index[ch.second[i]];
             rows.present[j] = 1;
+            if (spread_) {
+              before[j].assign(v->str, v->len);
+              stored[j] = 1;
+            }
             decode_row(v, dim_, ns, meta_.opt_gen, optimizer_.get(), rows.row(j),
                        &rows.last_update[j], &rows.count[j],
                        "redis key " + buckets_[(hash_key(ch.second[i]) >> 32) % buckets_.size()]);
@@ -390,6 +534,19 @@ void RedisTable::write_batch(const int64_t* keys, int64_t n, bool read_rows, Com
         const int64_t stamp = meta_.clock + 1;
         rows.new_clock = stamp;
         compute(rows, stamp);
+        if (spread_) {
+          std::vector<SliceChange> changes;
+          if (spread_changes(rows, before, stored, known, changes)) {
+            RedisCommand m = {"HSET", meta_key_, "clock", std::to_string(rows.new_clock)};
+            for (const auto& kv : rows.meta_sets) {
+              m.push_back(kv.first);
+              m.push_back(kv.second);
+            }
+            return commit_spread(changes, rows.clear_all, std::move(m),
+                                 as_int(rep[1]->element[6], 0));
+          }
+          // Nothing for the slices: meta alone changes, in the one-slot transaction below.
+        }
         // Phase 2: one transaction writes everything, or nothing if meta changed meanwhile.
         std::vector<RedisCommand> w = {{"MULTI"}};
         if (rows.clear_all) {
@@ -444,18 +601,19 @@ void RedisTable::write_batch(const int64_t* keys, int64_t n, bool read_rows, Com
           std::string why = text(exec);
           for (const auto& r : done)
             if (r->type == REDIS_REPLY_ERROR && r.get() != exec) why += "; " + text(r.get());
-          throw RedisError("redis at " + conn_->where() + " refused the batch: " + why +
+          throw RedisError("redis at " + router_->where(meta_slot_) + " refused the batch: " + why +
                            "; nothing of this batch was written");
         }
         for (size_t i = 0; i < exec->elements; ++i)
           if (exec->element[i]->type == REDIS_REPLY_ERROR)
-            throw RedisError("redis at " + conn_->where() + " failed a command of the batch: " +
+            throw RedisError("redis at " + router_->where(meta_slot_) +
+                             " failed a command of the batch: " +
                              text(exec->element[i]) + " (a Redis key of this table holds "
                              "another type?)");
         return true;
       } catch (...) {
         try {
-          conn_->pipeline({{"UNWATCH"}});
+          run({{"UNWATCH"}});
         } catch (...) {
         }
         throw;
@@ -513,7 +671,7 @@ void RedisTable::find(const int64_t* keys, int64_t n, void* values_out, uint8_t*
   with_redirects([&] {
     std::vector<std::vector<int64_t>> by_bucket(buckets_.size());
     for (int64_t i = 0; i < n; ++i) by_bucket[(hash_key(keys[i]) >> 32) % buckets_.size()].push_back(i);
-    std::vector<RedisCommand> cmds = {meta_read()};
+    std::vector<std::pair<size_t, RedisCommand>> cmds;
     std::vector<std::pair<size_t, size_t>> spans;  // (bucket, start) per command
     for (size_t b = 0; b < buckets_.size(); ++b) {
       for (size_t s = 0; s < by_bucket[b].size(); s += keys_sending_size_) {
@@ -521,16 +679,14 @@ void RedisTable::find(const int64_t* keys, int64_t n, void* values_out, uint8_t*
         RedisCommand c = {"HMGET", buckets_[b]};
         for (size_t i = s; i < e; ++i) c.push_back(field_of(keys[by_bucket[b][i]]));
         spans.emplace_back(b, s);
-        cmds.push_back(std::move(c));
+        cmds.emplace_back(b, std::move(c));
       }
     }
-    auto rep = transaction(cmds);
-    const redisReply* exec = rep[0].get();
-    refresh_meta(exec->element[0]->element[0], exec->element[0]->element[1],
-                 exec->element[0]->element[2]);
+    const Snapshot snap = snapshot(cmds);
+    refresh_meta(snap.meta->element[0], snap.meta->element[1], snap.meta->element[2]);
     std::vector<float> scratch(width());
     for (size_t c = 0; c < spans.size(); ++c) {
-      const redisReply* r = exec->element[c + 1];
+      const redisReply* r = snap.replies[c];
       if (r->type != REDIS_REPLY_ARRAY) throw RedisError("redis: HMGET failed: " + text(r));
       const auto& pos = by_bucket[spans[c].first];
       for (size_t i = 0; i < r->elements; ++i) {
@@ -646,11 +802,11 @@ void RedisTable::clear() {
 int64_t RedisTable::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return with_redirects([&] {
-    std::vector<RedisCommand> cmds;
-    for (const auto& b : buckets_) cmds.push_back({"HLEN", b});
-    auto rep = transaction(cmds);
+    std::vector<std::pair<size_t, RedisCommand>> cmds;
+    for (size_t b = 0; b < buckets_.size(); ++b) cmds.emplace_back(b, RedisCommand{"HLEN", buckets_[b]});
+    const Snapshot snap = snapshot(cmds);
     int64_t total = 0;
-    for (size_t i = 0; i < rep[0]->elements; ++i) total += as_int(rep[0]->element[i], 0);
+    for (const redisReply* r : snap.replies) total += as_int(r, 0);
     return total;
   });
 }
@@ -718,7 +874,7 @@ std::vector<int64_t> RedisTable::bucket_keys(int b) const {
   std::set<int64_t> keys;  // HSCAN may return a field twice; a set counts it once
   std::string cursor = "0";
   do {
-    auto rep = run({{"HSCAN", buckets_[b], cursor, "COUNT", "1000"}});
+    auto rep = run_slice(b, {{"HSCAN", buckets_[b], cursor, "COUNT", "1000"}});
     const redisReply* r = rep[0].get();
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2)
       throw RedisError("redis: HSCAN " + buckets_[b] + " failed: " + text(r));
@@ -740,12 +896,11 @@ int64_t RedisTable::export_rows(int64_t offset, int64_t limit, int64_t* keys, vo
     // Order: buckets in turn, keys ascending within a bucket; stable while the table is not
     // modified. A page is read in one transaction checked against the clock of the key lists.
     for (int attempt = 0; attempt < kMaxConflicts; ++attempt) {
-      std::vector<RedisCommand> cmds = {meta_read()};
-      for (const auto& b : buckets_) cmds.push_back({"HLEN", b});
-      auto head = transaction(cmds);
-      const redisReply* h = head[0].get();
-      refresh_meta(h->element[0]->element[0], h->element[0]->element[1],
-                   h->element[0]->element[2]);
+      std::vector<std::pair<size_t, RedisCommand>> cmds;
+      for (size_t b = 0; b < buckets_.size(); ++b)
+        cmds.emplace_back(b, RedisCommand{"HLEN", buckets_[b]});
+      const Snapshot head = snapshot(cmds);
+      refresh_meta(head.meta->element[0], head.meta->element[1], head.meta->element[2]);
       const int ns = num_slots_locked();
       check_slot_count(slots_given, ns);
       if (export_clock_ != meta_.clock) {
@@ -756,7 +911,7 @@ int64_t RedisTable::export_rows(int64_t offset, int64_t limit, int64_t* keys, vo
       int64_t base = 0, taken = 0;
       bool stale = false;
       for (size_t b = 0; b < buckets_.size() && taken < limit; ++b) {
-        const int64_t len = as_int(h->element[b + 1], 0);
+        const int64_t len = as_int(head.replies[b], 0);
         if (offset >= base + len) {
           base += len;
           continue;
@@ -779,7 +934,7 @@ int64_t RedisTable::export_rows(int64_t offset, int64_t limit, int64_t* keys, vo
         export_clock_ = -1;
         continue;
       }
-      std::vector<RedisCommand> reads = {{"HGET", meta_key_, "clock"}};
+      std::vector<std::pair<size_t, RedisCommand>> reads;
       std::vector<std::pair<size_t, size_t>> spans;  // (page index, start)
       for (size_t p = 0; p < page.size(); ++p) {
         for (size_t s = 0; s < page[p].second.size(); s += keys_sending_size_) {
@@ -787,19 +942,18 @@ int64_t RedisTable::export_rows(int64_t offset, int64_t limit, int64_t* keys, vo
           RedisCommand c = {"HMGET", buckets_[page[p].first]};
           for (size_t i = s; i < e; ++i) c.push_back(field_of(page[p].second[i]));
           spans.emplace_back(p, s);
-          reads.push_back(std::move(c));
+          reads.emplace_back(page[p].first, std::move(c));
         }
       }
-      auto got = transaction(reads);
-      const redisReply* g = got[0].get();
-      if (as_int(g->element[0], 0) != export_clock_) {
+      const Snapshot got = snapshot(reads);
+      if (as_int(got.meta->element[0], 0) != export_clock_) {
         export_clock_ = -1;  // written meanwhile: list the keys again
         continue;
       }
       int64_t w = 0;
       std::vector<float> row(dim_ * (1 + ns));
       for (size_t c = 0; c < spans.size(); ++c) {
-        const redisReply* r = g->element[c + 1];
+        const redisReply* r = got.replies[c];
         const auto& ks = page[spans[c].first].second;
         for (size_t i = 0; i < r->elements; ++i) {
           const redisReply* v = r->element[i];
@@ -838,7 +992,7 @@ int64_t RedisTable::restrict(int64_t num_reserved, RestrictBy by, const int64_t*
       std::string cursor = "0";
       std::set<int64_t> seen;
       do {
-        auto rep = run({{"HSCAN", buckets_[b], cursor, "COUNT", "1000"}});
+        auto rep = run_slice(b, {{"HSCAN", buckets_[b], cursor, "COUNT", "1000"}});
         const redisReply* r = rep[0].get();
         if (r->type != REDIS_REPLY_ARRAY || r->elements != 2)
           throw RedisError("redis: HSCAN " + buckets_[b] + " failed: " + text(r));
@@ -890,9 +1044,10 @@ void RedisTable::set_clock(int64_t c) {
 size_t RedisTable::memory_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return with_redirects([&] {
-    std::vector<RedisCommand> cmds;
-    for (const auto& b : buckets_) cmds.push_back({"MEMORY", "USAGE", b});
-    auto rep = run(cmds);
+    std::vector<std::pair<int, RedisCommand>> cmds;
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      cmds.emplace_back(slice_slot_[b], RedisCommand{"MEMORY", "USAGE", buckets_[b]});
+    auto rep = router_->run_routed(cmds);
     size_t total = 0;
     for (const auto& r : rep)
       if (r->type == REDIS_REPLY_INTEGER) total += static_cast<size_t>(r->integer);

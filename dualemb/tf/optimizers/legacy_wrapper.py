@@ -10,7 +10,7 @@ original ``apply_gradients``.
 
 Contract: the fused update is the same optimizer, with its hyper-parameters, current learning
 rate and step, only where the core computes exactly what the wrapped optimizer computes on a
-dense variable (tests/test_tf_legacy_optimizers.py); any other optimizer or option raises
+dense variable (tests/tf/test_tf_legacy_optimizers.py); any other optimizer or option raises
 ``TypeError`` / ``NotImplementedError`` when wrapped, naming what is supported (``SUPPORTED``;
 docs/tf.md, "Keras 2 (tf_keras) and TF1 code", lists them, and the three legacy formulas the
 core takes as hyper-parameters). The step is ``iterations + 1`` for tf_keras optimizers; TF1 ones get
