@@ -1,123 +1,62 @@
 """save / load of sharded tables (:mod:`dualemb.jax.sharded`) in the common checkpoint format.
 
-A P-process job writes ONE checkpoint, in two phases: every process writes the shard files of
-its own shards (``table-0000-shard-<d>`` for mesh shard ``d``) into one temporary directory
-beside ``path``; after a barrier, process 0 writes the manifest (covering every file and
-checksum; the other processes hand their shard entries over as small JSON files that it reads
-and removes) and publishes the directory atomically, as a single-process save does. The result
-is an ordinary checkpoint with N shards routed by ``dualemb.core.routing.shard_of``, so it loads
-into any number of processes (:func:`load`), into one (``dualemb.jax.load``) and into
-``dualemb.tf`` (any shard count), optimizer slots and step included. The directory must be on
-a filesystem every process sees (one machine, or a shared mount).
+A P-process job writes ONE checkpoint through the common multi-writer protocol
+(``dualemb.core.checkpoint.parts``, docs/checkpoint_format.md §6): every process writes the shard
+files of its own shards (``table-0000-shard-<d>`` for mesh shard ``d``) into one staging directory
+beside ``path``, process 0 writes the manifest last and publishes it atomically; the processes
+synchronise through :func:`_all_sum` (an all-gather over ``jax.distributed``). The result is an
+ordinary checkpoint with N shards routed by ``dualemb.core.routing.shard_of``, so it loads into
+any number of processes (:func:`load`), into one (``dualemb.jax.load``) and into ``dualemb.tf``
+(any shard count), optimizer slots and step included. The directory must be on a filesystem
+every process sees (one machine, or a shared mount).
 """
 
 from __future__ import annotations
 
-import json
 import numbers
-import os
-import time
 
 import jax
 import numpy as np
 
-from dualemb.core.checkpoint import _fs
+from dualemb.core import checkpoint as _ckpt
+from dualemb.core.checkpoint import CheckpointError
 from dualemb.core.checkpoint import load as _core_load
-from dualemb.core.checkpoint._manifest import (FORMAT, VERSION, CheckpointError, shard_file_name)
-from dualemb.core.checkpoint._manifest import write_files as _write_manifest_files
-from dualemb.core.checkpoint._safetensors import fsync_dir
-from dualemb.core.checkpoint._save import _describe, _write_new_file, _write_shard, _workers
 from dualemb.core.table import Table as CoreTable
 from dualemb.jax import _values
 from dualemb.jax import optimizers as _opts
-from dualemb.jax.checkpoint import DEFAULT_NAME, META_KEY, _resolve_optimizer
-
-_ENTRY = "shard-entry-{:05d}.json"  # a process's shard entry, for process 0 (removed by it)
+from dualemb.jax.checkpoint import DEFAULT_NAME, META_KEY, _resolve_optimizer, only_table_name
 
 
-def _barrier(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        multihost_utils.sync_global_devices(name)
+def _all_sum(tag: str, values) -> list:
+    """The checkpoint protocol's ``sync``: the element-wise sum over the job's processes (a
+    barrier too). Values stay below 2**31, so JAX's default int32 carries them."""
+    values = np.asarray(values, np.int32)
+    if jax.process_count() == 1:
+        return values.tolist()
+    from jax.experimental import multihost_utils
+    gathered = np.asarray(multihost_utils.process_allgather(values))
+    return gathered.reshape(jax.process_count(), -1).astype(np.int64).sum(axis=0).tolist()
 
 
-def _job_token() -> int:
-    """A random number every process agrees on (process 0's)."""
-    token = np.frombuffer(os.urandom(4), np.uint32).astype(np.int32)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-        token = multihost_utils.broadcast_one_to_all(token)
-    return int(np.asarray(token)[0]) & 0x7FFFFFFF
+def _metadata(table, name: str) -> dict:
+    opt = table.optimizer
+    lr = opt.learning_rate if isinstance(opt, _opts.Optimizer) else None
+    return {META_KEY: {name: {
+        "optimizer": "fused" if opt is not None else None,
+        "learning_rate": float(lr) if isinstance(lr, numbers.Real) else None}},
+        "dualemb.jax.sharded": {name: {"num_shards": table.num_shards, "axis": str(table.axis)}}}
 
 
 def save(table, path, *, name: str = DEFAULT_NAME, page_rows: int = 1 << 16) -> None:
     """Saves a :class:`~dualemb.jax.sharded.ShardedTable` as table ``name`` of a checkpoint at
     ``path`` (every process calls it; see the module docstring). Waits for pending writes."""
-    path = _fs.normalize(path)
-    first = jax.process_index() == 0
     local = table.local_tables()  # blocks on the versions
     step = int(next(iter(local.values())).step) if local else 0
-    token = _job_token()
-    tmp = f"{_fs.tmp_prefix(path)}job-{token:08x}"
-    if first:
-        if os.path.islink(path) or (os.path.lexists(path) and not (
-                os.path.isdir(path) and (_fs.is_complete(path) or not os.listdir(path)))):
-            raise CheckpointError(f"{path} exists and is not a dualemb checkpoint; refusing to "
-                                  "overwrite it")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        os.mkdir(tmp, 0o755)
-    _barrier(f"dualemb-save-begin-{token}")
-    try:
-        cores = {d: CoreTable.attach(t.id) for d, t in local.items()}
-        info = _describe(name, list(cores.values())) if cores else None
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(_workers(), thread_name_prefix="dualemb-ckpt") as pool:
-            for d, core in sorted(cores.items()):
-                entry = _write_shard(core, os.path.join(tmp, shard_file_name(0, d)), name, d,
-                                     info, page_rows, pool)
-                _write_new_file(os.path.join(tmp, _ENTRY.format(d)),
-                                json.dumps({"entry": entry, "info": info}).encode())
-        _barrier(f"dualemb-save-written-{token}")
-        if first:
-            _publish(table, path, tmp, name, step)
-    except BaseException:
-        if first:
-            _fs.remove_tree(tmp)
-        raise
-    _barrier(f"dualemb-save-published-{token}")
-
-
-def _publish(table, path: str, tmp: str, name: str, step: int) -> None:
-    n = table.num_shards
-    files, info = [], None
-    for d in range(n):
-        epath = os.path.join(tmp, _ENTRY.format(d))
-        if not os.path.exists(epath):
-            raise CheckpointError(f"shard {d} of {n} was not written (is {tmp} on a filesystem "
-                                  "every process sees?)")
-        with open(epath) as f:
-            rec = json.load(f)
-        os.unlink(epath)
-        if info is None:
-            info = rec["info"]
-        elif rec["info"] != info:
-            raise CheckpointError(f"shard {d} disagrees with shard 0 on the table's definition")
-        files.append(rec["entry"])
-    opt = table.optimizer
-    lr = opt.learning_rate if isinstance(opt, _opts.Optimizer) else None
-    meta = {META_KEY: {name: {
-        "optimizer": "fused" if opt is not None else None,
-        "learning_rate": float(lr) if isinstance(lr, numbers.Real) else None}},
-        "dualemb.jax.sharded": {name: {"num_shards": n, "axis": str(table.axis)}}}
-    manifest = {"format": FORMAT, "version": VERSION, "created_unix": time.time(),
-                "metadata": meta, "dense": None,
-                "tables": [{"name": name, **info, "step": step,
-                            "rows": sum(f["rows"] for f in files), "shards": files}]}
-    _write_manifest_files(tmp, manifest, _write_new_file)
-    fsync_dir(tmp)
-    if os.path.lexists(path) and not _fs.is_complete(path):
-        os.rmdir(path)
-    _fs.publish(tmp, path)
+    _ckpt.parts.save(
+        path, lambda: {name: [(d, CoreTable.attach(t.id)) for d, t in sorted(local.items())]},
+        names=[name], sync=_all_sum, part=jax.process_index(), num_parts=jax.process_count(),
+        coordinator=jax.process_index() == 0, steps=step, metadata=_metadata(table, name),
+        page_rows=page_rows)
 
 
 def load(path, mesh, axis: str, build, *, name: str | None = None, optimizer=None,
@@ -129,15 +68,9 @@ def load(path, mesh, axis: str, build, *, name: str | None = None, optimizer=Non
     only while loading). Optimizer and step as ``dualemb.jax.load``. ``axis`` is the checked
     mesh axis; ``build(shard_id_of, dim, key_dtype, optimizer, step, value_dtype)`` makes the
     table (given by dualemb.jax.sharded, which imports this module)."""
-    from dualemb.jax.checkpoint import table_names
     from dualemb.jax.table import canonical
-    from dualemb.jax import checkpoint as _jck
-    manifest = _jck._ckpt.read_manifest(path)
-    if name is None:
-        names = table_names(path)
-        if len(names) != 1:
-            raise ValueError(f"the checkpoint at {path} holds tables {names}: pass name=...")
-        name = names[0]
+    manifest = _ckpt.read_manifest(path)
+    name = only_table_name(path, name)
     entries = {t["name"]: t for t in manifest["tables"]}
     if name not in entries:
         raise CheckpointError(f"table {name!r} is not in the checkpoint at {path}")

@@ -91,6 +91,16 @@ def table_names(path) -> list[str]:
     return [t["name"] for t in manifest["tables"] if t["name"] not in hidden]
 
 
+def only_table_name(path, name=None) -> str:
+    """``name``, or the name of the only table saved at ``path`` (ValueError if several)."""
+    if name is not None:
+        return name
+    names = table_names(path)
+    if len(names) != 1:
+        raise ValueError(f"the checkpoint at {path} holds tables {names}: pass name=...")
+    return names[0]
+
+
 def _resolve_optimizer(name, entry, info, optimizer, learning_rate):
     """The optimizer the loaded handle gets (see :func:`load`)."""
     if optimizer is not None:
@@ -132,11 +142,7 @@ def load(path, name: str | None = None, *, optimizer=None, learning_rate=None,
     :func:`load_tables`: it verifies all of them before changing any.
     """
     manifest = _ckpt.read_manifest(path)
-    if name is None:
-        names = table_names(path)
-        if len(names) != 1:
-            raise ValueError(f"the checkpoint at {path} holds tables {names}: pass name=...")
-        name = names[0]
+    name = only_table_name(path, name)
     return _load(path, manifest, [name], {name: into}, {name: optimizer},
                  {name: learning_rate})[name]
 

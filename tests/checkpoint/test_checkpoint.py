@@ -12,7 +12,7 @@ import pytest
 
 from dualemb.core import Table, checkpoint
 from dualemb.core.checkpoint import CheckpointError
-from dualemb.core.checkpoint import _fs, _save
+from dualemb.core.checkpoint import _fs, _write
 from _paths import ROOT
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -385,7 +385,7 @@ def test_paging_gives_identical_files(tmp_path):
 
 def test_paging_odd_sizes(ckdir, monkeypatch):
     # pages smaller than a write piece and not a divisor of the table size
-    monkeypatch.setattr(_save, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(_write, "CHUNK_BYTES", 1000)
     t = filled(2345, dim=3)
     before = snapshot(t)
     checkpoint.save(ckdir, {"t": t}, page_rows=77)
@@ -442,7 +442,7 @@ def test_failed_save_keeps_previous_and_cleans_up(ckdir, monkeypatch):
             table.insert_or_assign([10**9], [[1.0] * 4])
         return table.export(offset, limit)
 
-    monkeypatch.setattr(_save, "_export_page", modify_midway)
+    monkeypatch.setattr(_write, "_export_page", modify_midway)
     victim = filled(1000, seed=5)
     with pytest.raises(CheckpointError, match="modified while it was being saved"):
         checkpoint.save(ckdir, {"t": victim}, page_rows=100)
@@ -642,11 +642,12 @@ def test_manifest_written_last_and_tmp_dirs_hidden(ckdir, monkeypatch):
 
     def spy(table, offset, limit):
         parent, base = os.path.split(ckdir)
-        tmps = [n for n in os.listdir(parent) if n.startswith(f".{base}.tmp-")]
+        tmps = [n for n in os.listdir(parent) if n.startswith(f".{base}.tmp-")
+                and not n.endswith(".lock")]  # the save's lock file sits beside its directory
         seen.append([os.path.exists(os.path.join(parent, n, "manifest.json")) for n in tmps])
         return table.export(offset, limit)
 
-    monkeypatch.setattr(_save, "_export_page", spy)
+    monkeypatch.setattr(_write, "_export_page", spy)
     checkpoint.save(ckdir, {"t": filled(500)}, page_rows=100)
     assert seen and all(s == [False] for s in seen)
     shutil.rmtree(ckdir)

@@ -26,7 +26,7 @@ CHILD = textwrap.dedent("""
     import os, sys, time
     import numpy as np
     from dualemb.core import Table, checkpoint
-    from dualemb.core.checkpoint import _fs, _save
+    from dualemb.core.checkpoint import _fs, _write
 
     mode, path, rows = sys.argv[1], sys.argv[2], int(sys.argv[3])
     t = Table(dim=16)
@@ -44,7 +44,7 @@ CHILD = textwrap.dedent("""
                 print("WRITING", flush=True)
             time.sleep(0.001)
             return table.export(offset, limit)
-        _save._export_page = slow
+        _write._export_page = slow
     elif mode == "exit-before-publish":
         _fs.publish = lambda tmp, path: os._exit(3)
     elif mode == "exit-between-renames":

@@ -1,14 +1,17 @@
 """One checkpoint written by several processes (``checkpoint.parts``), and restoring a share of
-a checkpoint into one process (``checkpoint.Subset``), in-process: the "processes" are parts
-written one after the other, the reference is the rows inserted (numpy)."""
+a checkpoint into one process (``checkpoint.Subset``), in-process: the "processes" are threads
+running the real protocol with a barrier that sums (``ThreadSync``), the reference is the rows
+inserted (numpy)."""
 
 import os
+import threading
 
 import numpy as np
 import pytest
 
 from dualemb.core import Table, checkpoint
 from dualemb.core.checkpoint import CheckpointError
+from dualemb.core.checkpoint._staging import Staging
 from dualemb.core.routing import shard_of
 
 
@@ -42,15 +45,57 @@ def assert_rows(got: dict, want: dict):
         np.testing.assert_array_equal(got[k], want[k])
 
 
-def write_job(path, tables, token=7, skip_part=None, dense=None):
-    """Two 'processes', each holding one shard of table "t"; the coordinator finishes."""
-    staging = checkpoint.parts.begin(path, token)
-    for part, t in enumerate(tables):
-        if part != skip_part:
-            checkpoint.parts.write_part(checkpoint.parts.find_staging(path, token), part, ["t"],
-                                        {"t": [(part, t)]})
-    checkpoint.parts.finish(staging, path, len(tables), ["t"], steps=5, dense=dense,
-                            metadata={"by": "test"})
+class ThreadSync:
+    """The protocol's ``sync`` for writers that are threads of this process: a barrier that
+    returns the element-wise sum of every writer's values."""
+
+    def __init__(self, n):
+        self.barrier = threading.Barrier(n, timeout=60)
+        self.lock = threading.Lock()
+        self.acc = None
+        self.tags = []
+
+    def __call__(self, tag, values):
+        with self.lock:
+            self.acc = list(values) if self.acc is None else [
+                a + int(b) for a, b in zip(self.acc, values)]
+        self.barrier.wait()  # every writer contributed
+        out = list(self.acc)
+        if self.barrier.wait() == 0:  # every writer read the sum
+            self.acc = None
+            self.tags.append(tag)
+        self.barrier.wait()  # reset before anyone contributes again
+        return out
+
+
+def run_writers(path, tables_of, *, coordinator=0, **kwargs):
+    """Writer k (a thread) saves tables_of[k] (name -> [(index, Table)], or a function) with
+    parts.save; returns each writer's exception (None where it returned)."""
+    n = len(tables_of)
+    sync = ThreadSync(n)
+    errors = [None] * n
+
+    def writer(k):
+        try:
+            checkpoint.parts.save(path, tables_of[k], names=["t"], sync=sync, part=k,
+                                  num_parts=n, coordinator=k == coordinator, **kwargs)
+        except Exception as e:  # noqa: BLE001 - returned to the test
+            errors[k] = e
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "a writer hangs"
+    return errors
+
+
+def write_job(path, tables, dense=None):
+    """Two writers, each holding one shard of table "t"; writer 0 coordinates."""
+    errors = run_writers(path, [{"t": [(k, t)]} for k, t in enumerate(tables)], steps=5,
+                         dense=dense, metadata={"by": "test"})
+    assert errors == [None] * len(tables), errors
 
 
 def test_parts_make_one_checkpoint(tmp_path):
@@ -69,40 +114,96 @@ def test_parts_make_one_checkpoint(tmp_path):
     assert [n for n in os.listdir(tmp_path) if n != "ck"] == []
 
 
-def test_a_missing_part_keeps_the_previous_checkpoint(tmp_path):
+def test_any_writer_may_coordinate(tmp_path):
+    tables, want = shard_tables(3)
+    path = tmp_path / "ck"
+    errors = run_writers(path, [{"t": [(k, t)]} for k, t in enumerate(tables)], coordinator=2)
+    assert errors == [None] * 3
+    assert_rows(contents([checkpoint.load(path, num_shards=1).tables["t"][0]]), want)
+
+
+def test_a_failed_writer_keeps_the_previous_checkpoint(tmp_path):
     old, old_rows = shard_tables(2, seed=1)
     path = tmp_path / "ck"
     write_job(path, old)
     tables, _ = shard_tables(2, seed=2)
-    with pytest.raises(CheckpointError, match="process 1 did not write its part"):
-        write_job(path, tables, token=8, skip_part=1)
+
+    def broken():
+        raise RuntimeError("disk on fire")
+
+    errors = run_writers(path, [{"t": [(0, tables[0])]}, broken])
+    assert isinstance(errors[1], RuntimeError) and "disk on fire" in str(errors[1])
+    assert isinstance(errors[0], CheckpointError)
+    assert "1 of 2 writers failed" in str(errors[0])
     assert_rows(contents([checkpoint.load(path, num_shards=1).tables["t"][0]]), old_rows)
     assert [n for n in os.listdir(tmp_path) if n != "ck"] == []  # staging removed
+
+
+def test_a_missing_part_record_is_refused(tmp_path, monkeypatch):
+    # A writer that succeeded but whose record the coordinator cannot see (a directory that is
+    # not shared): the coordinator refuses, every writer raises.
+    old, old_rows = shard_tables(2, seed=1)
+    path = tmp_path / "ck"
+    write_job(path, old)
+    real = Staging.write_record
+
+    def lost(self, part, record):
+        if part != 1:
+            real(self, part, record)
+
+    monkeypatch.setattr(Staging, "write_record", lost)
+    tables, _ = shard_tables(2, seed=2)
+    errors = run_writers(path, [{"t": [(k, t)]} for k, t in enumerate(tables)])
+    assert "process 1 did not write its part" in str(errors[0])
+    assert "was not written" in str(errors[1])
+    assert_rows(contents([checkpoint.load(path, num_shards=1).tables["t"][0]]), old_rows)
+    assert [n for n in os.listdir(tmp_path) if n != "ck"] == []
 
 
 def test_parts_that_disagree_are_refused(tmp_path):
     a = Table(dim=3)
     b = Table(dim=4)
     a.insert_or_assign(np.array([0], np.int64), np.ones((1, 3), np.float32))
-    with pytest.raises(CheckpointError, match="dim"):
-        write_job(tmp_path / "ck", [a, b])
+    errors = run_writers(tmp_path / "ck", [{"t": [(0, a)]}, {"t": [(1, b)]}])
+    assert isinstance(errors[0], CheckpointError) and "dim" in str(errors[0])
+    assert isinstance(errors[1], CheckpointError)
     assert not os.path.exists(tmp_path / "ck")
+    assert os.listdir(tmp_path) == []
 
 
 def test_shard_indices_must_cover_every_shard(tmp_path):
     tables, _ = shard_tables(2)
     path = tmp_path / "ck"
-    staging = checkpoint.parts.begin(path, 3)
-    for part, t in enumerate(tables):  # shards 0 and 2 of a 2-shard table: 1 is missing
-        checkpoint.parts.write_part(staging, part, ["t"], {"t": [(2 * part, t)]})
-    with pytest.raises(CheckpointError, match="exactly once"):
-        checkpoint.parts.finish(staging, path, 2, ["t"])
+    # shards 0 and 2 of a 2-shard table: 1 is missing
+    errors = run_writers(path, [{"t": [(2 * k, t)]} for k, t in enumerate(tables)])
+    assert "exactly once" in str(errors[0])
     assert not os.path.exists(path)
+
+
+def test_exactly_one_writer_coordinates(tmp_path):
+    tables, _ = shard_tables(2)
+    sync = ThreadSync(2)
+    errors = []
+
+    def writer(k):
+        try:
+            checkpoint.parts.save(tmp_path / "ck", {"t": [(k, tables[k])]}, names=["t"],
+                                  sync=sync, part=k, num_parts=2, coordinator=True)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(errors) == 2 and all("2 writers claim to coordinate" in str(e) for e in errors)
+    assert os.listdir(tmp_path) == []  # both staging directories removed
 
 
 def test_staging_directory_must_be_visible(tmp_path):
     with pytest.raises(CheckpointError, match="shared file system"):
-        checkpoint.parts.find_staging(tmp_path / "ck", 99)
+        Staging.join(tmp_path / "ck", 99)
 
 
 @pytest.mark.parametrize("held", [[0], [2], [1, 2]])

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 import _paths
@@ -31,13 +32,13 @@ def env(devices: int) -> dict:
     return e
 
 
-def run_processes(tmp, processes: int, args: list, *, devices: int = 1, timeout: float = 240,
-                  extra_env: dict | None = None) -> list:
-    """Starts `processes` workers (one jax.distributed job when processes > 1), waits at most
-    `timeout` seconds; returns [(returncode, output)]; every process is killed in the end."""
+def start_processes(tmp, processes: int, args: list, *, devices: int = 1,
+                    extra_env: dict | None = None) -> list:
+    """Starts `processes` workers (one jax.distributed job when processes > 1), each in its own
+    session, logging to tmp/worker<i>.log; returns [(Popen, log file)]. End them with
+    end_processes (also when the test fails)."""
     port = free_port()
     procs = []
-    outs = []
     try:
         for i in range(processes):
             log = open(os.path.join(tmp, f"worker{i}.log"), "w+")
@@ -46,23 +47,49 @@ def run_processes(tmp, processes: int, args: list, *, devices: int = 1, timeout:
             cmd = [sys.executable, WORKER, "--out", os.path.join(tmp, f"state{i}.npz"),
                    "--processes", str(processes), "--process-id", str(i),
                    "--port", str(port)] + list(args)
-            procs.append((subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT,
-                                           start_new_session=True), log))
-        for p, log in procs:
             try:
-                p.wait(timeout=timeout)
+                procs.append((subprocess.Popen(cmd, env=e, stdout=log, stderr=subprocess.STDOUT,
+                                               start_new_session=True), log))
+            except BaseException:
+                log.close()
+                raise
+    except BaseException:
+        end_processes(procs)
+        raise
+    return procs
+
+
+def end_processes(procs) -> list:
+    """Kills every worker still running (by its process group) and closes the logs; returns
+    [(returncode, output)]."""
+    outs = []
+    for p, log in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)  # its own session: the worker and children
+        p.wait()
+        log.seek(0)
+        outs.append((p.returncode, log.read()))
+        log.close()
+    return outs
+
+
+def run_processes(tmp, processes: int, args: list, *, devices: int = 1, timeout: float = 240,
+                  extra_env: dict | None = None) -> list:
+    """Starts `processes` workers (one jax.distributed job when processes > 1), waits at most
+    `timeout` seconds; returns [(returncode, output)] (None: still running after `timeout`);
+    every process is killed in the end."""
+    procs = start_processes(tmp, processes, args, devices=devices, extra_env=extra_env)
+    try:
+        deadline = time.monotonic() + timeout
+        for p, _ in procs:
+            try:
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        for p, log in procs:
-            log.seek(0)
-            outs.append((p.returncode, log.read()))
-        return outs
+        codes = [p.poll() for p, _ in procs]
     finally:
-        for p, log in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)  # its own session: the worker and children
-                p.wait()
-            log.close()
+        outs = end_processes(procs)
+    return [(code, out) for code, (_, out) in zip(codes, outs)]
 
 
 def load_state(tmp, processes: int) -> dict:

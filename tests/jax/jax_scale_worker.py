@@ -35,6 +35,9 @@ def parse():
     p.add_argument("--save", default="")
     p.add_argument("--load", default="")
     p.add_argument("--die-after-init", action="store_true")
+    p.add_argument("--hold-save", default="",
+                   help="process 0 stops in the save once every shard file is written (before "
+                        "the manifest), creates this file and waits to be killed")
     p.add_argument("--callback", action="store_true", help="force the host-callback path")
     return p.parse_args()
 
@@ -52,6 +55,23 @@ def batches(args, num_devices):
         ids = (ids.astype(np.int64) - 100) * (2**33 + 1)  # negative and above 2**32 too
         y = rng.normal(size=(args.batch,)).astype(np.float32)
         yield ids.reshape(args.batch, BAG), y
+
+
+def hold_before_manifest(marker: str) -> None:
+    """Makes this process's next checkpoint save stop where a crash leaves only shard files: the
+    coordinator writes the manifest after every process wrote its shards; instead it says so
+    (creates `marker`) and waits for the test's SIGKILL. Set before the checkpoint modules bind
+    the function (dualemb.jax imports the sharded checkpoint code on first use)."""
+    from dualemb.core.checkpoint import _manifest
+
+    def hold(directory, manifest, write_file):
+        with open(marker + ".tmp", "w") as f:
+            f.write(directory)
+        os.rename(marker + ".tmp", marker)
+        time.sleep(600)
+        os._exit(4)  # never reached in the test: it kills this process
+
+    _manifest.write_files = hold
 
 
 def main():
@@ -73,6 +93,8 @@ def main():
     import dualemb.jax as dej
     from dualemb.core.routing import shard_of
     from dualemb.jax import _ffi, sharded
+    if args.hold_save and args.process_id == 0:
+        hold_before_manifest(args.hold_save)
 
     assert _ffi.uses_host_callback() or not args.callback, "--callback: the FFI was chosen"
     w = jnp.asarray(np.linspace(-1.0, 1.0, DIM), jnp.float32)

@@ -9,7 +9,9 @@ write and read, with tables (optimizer slots included), dense parameters and met
     checkpoint.read_manifest(path); checkpoint.load_dense(path)
 
 The on-disk format (safetensors shard files + ``manifest.json``), the crash-safety scheme and
-the verification rules are specified in docs/checkpoint_format.md.
+the verification rules are specified in docs/checkpoint_format.md. Every save, by one process or
+by several (``parts.save`` with the job's ``sync`` collective), runs one commit protocol:
+``_commit.py`` over ``_staging.py``.
 """
 
 from __future__ import annotations

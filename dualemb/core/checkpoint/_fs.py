@@ -1,7 +1,8 @@
 """Crash-safe publication of a checkpoint directory, and finding the complete one at a path.
 
-A save writes everything into a temporary sibling ``.<name>.tmp-<host>-<pid>-<random>``, fsyncs
-every file and the directory (``manifest.json`` last), then publishes it:
+A save writes everything into a staging directory beside the path (``_staging.py``: its name,
+its lock, and the removal of dead saves' leftovers), fsyncs every file and the directory
+(``manifest.json`` last), then publishes it:
 
 * ``path`` absent: ``rename(tmp, path)``.
 * ``path`` present: ``renameat2(tmp, path, RENAME_EXCHANGE)`` swaps the two atomically, so
@@ -12,8 +13,7 @@ every file and the directory (``manifest.json`` last), then publishes it:
   leaves only ``.<name>.old``; ``resolve`` (used by every reader) falls back to it, and the next
   save to ``path`` deletes it once a new checkpoint is in place.
 
-The parent directory is fsynced after each rename. Temporary directories left by a crashed save
-(same host, process gone) are removed by the next save into the same parent.
+The parent directory is fsynced after each rename.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import ctypes
 import errno
 import os
 import re
-import secrets
 import shutil
 import socket
 import warnings
@@ -104,25 +103,9 @@ def resolve(path: str) -> str:
     raise FileNotFoundError(errno.ENOENT, "no dualemb checkpoint at this path", path)
 
 
-def make_tmp(path: str) -> str:
-    tmp = f"{tmp_prefix(path)}{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
-    os.mkdir(tmp, 0o755)
-    return tmp
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def prepare_target(path: str) -> None:
     """Checks that a save may write `path` (not a symbolic link; absent, empty, or a complete
-    checkpoint it replaces), makes its parent and removes stale leftovers of crashed saves."""
+    checkpoint it replaces) and makes its parent."""
     if os.path.islink(path):
         raise CheckpointError(f"{path} is a symbolic link; save to the directory it points to "
                               "(or remove the link)")
@@ -131,26 +114,6 @@ def prepare_target(path: str) -> None:
         raise CheckpointError(f"{path} exists and is not a dualemb checkpoint; refusing to "
                               "overwrite it")
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    clean_stale(path)
-
-
-def clean_stale(path: str) -> None:
-    """Removes temporary directories of crashed saves to `path` (this host, dead process), and the
-    aside copy when `path` holds a complete checkpoint."""
-    parent, base = os.path.split(path)
-    prefix = f".{base}.tmp-{_host()}-"
-    try:
-        names = os.listdir(parent)
-    except FileNotFoundError:
-        return
-    for name in names:
-        if not name.startswith(prefix):
-            continue
-        pid = name[len(prefix):].split("-")[0]
-        if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
-            remove_tree(os.path.join(parent, name))
-    if is_complete(path) and os.path.isdir(aside_path(path)):
-        remove_tree(aside_path(path))
 
 
 def remove_tree(path: str) -> None:

@@ -18,7 +18,7 @@ from dualemb.core.checkpoint._manifest import (KEY_DTYPES, META_TENSORS, SLOT_PR
 from dualemb.core.checkpoint._result import Checkpoint
 from dualemb.core.routing import shard_of
 from dualemb.core.checkpoint._safetensors import Reader, crc32_combine
-from dualemb.core.checkpoint._save import PAGE_BYTES, _shards_of, _workers
+from dualemb.core.checkpoint._write import PAGE_BYTES, shards_of, workers
 from dualemb.core.table import Table
 from dualemb.core.value_dtypes import NUMPY as VALUE_NUMPY
 
@@ -424,14 +424,14 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
 
     jobs: list[_Job] = []
     created: list = []
-    pool = ThreadPoolExecutor(_workers(), thread_name_prefix="dualemb-ckpt")
+    pool = ThreadPoolExecutor(workers(), thread_name_prefix="dualemb-ckpt")
     try:
         # ---- phase 1: verify everything; no live table is modified -----------------------------
         for name in selected:
             e = entries[name]
             live_value = tables.get(name) if tables is not None else None
             if live_value is not None:
-                live = _shards_of(name, live_value)
+                live = shards_of(name, live_value)
                 job = _Job(name, e, live, len(live),
                            single=not isinstance(live_value, (list, tuple)))
             else:

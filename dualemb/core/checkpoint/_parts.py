@@ -1,170 +1,111 @@
-"""One checkpoint written by several processes: each process writes the shard files of the table
-shards it holds into one shared staging directory, and one process (the coordinator) then writes
-the manifest and publishes the directory (docs/checkpoint_format.md §6, "Several writers").
-
-The sequence, which the caller runs with a barrier between the steps (e.g. a collective
-all-reduce, ``dualemb/tf/distribute/job_checkpoint.py``):
-
-1. coordinator: ``staging = begin(path, token)`` (``token``: a random positive integer that every
-   process then learns, e.g. through the same all-reduce that serves as the barrier);
-2. every process: ``write_part(find_staging(path, token), part, tables)``: its shard files,
-   fsynced, then a small part record (written to a temporary name, fsynced, renamed) listing
-   them with their checksums;
-3. coordinator, once every process has finished step 2: ``finish(staging, path, num_parts,
-   names, ...)`` checks that every part record is there and that the parts agree, writes the
-   dense file and the manifest (last), removes the part records and publishes the directory
-   exactly as a single-process save does; or ``abort(staging)`` if a process failed.
-
-Until step 3 publishes it, the staging directory has no ``manifest.json``: a crash anywhere leaves
-the previous checkpoint at ``path``. The directory must be on a file system every process sees
-(one machine, or a shared mount with atomic rename such as NFS).
+"""Tables saved by several writers into one checkpoint: each writer saves the shards it holds, the
+coordinator merges their records into the manifest; the commit protocol (``_commit.py``) runs
+it. ``checkpoint.save`` is the one-writer case; ``dualemb.tf`` (MultiWorkerMirroredStrategy) and
+``dualemb.jax.sharded`` (jax.distributed) call :func:`save` from every process with their own
+``sync``. docs/checkpoint_format.md §6, "Several writers".
 """
 
 from __future__ import annotations
 
-import glob
-import json
-import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from dualemb.core.checkpoint import _fs
+from dualemb.core.checkpoint._commit import Sync, commit, single_process
 from dualemb.core.checkpoint._manifest import (DENSE_FILE, FORMAT, VERSION, CheckpointError,
-                                               shard_file_name)
-from dualemb.core.checkpoint._manifest import write_files as write_manifest_files
-from dualemb.core.checkpoint._safetensors import fsync_dir
-from dualemb.core.checkpoint._save import (_dense_arrays, _describe, _int_or_none, _workers,
-                                           _write_dense, _write_new_file, _write_shard)
+                                               dumps, shard_file_name)
+from dualemb.core.checkpoint._staging import Staging
+from dualemb.core.checkpoint._write import (dense_arrays, describe, int_or_none, workers,
+                                            write_dense, write_shard)
 
-_PART = ".part-{:05d}.json"  # hidden: never mistaken for a checkpoint file, removed on finish
+# What ``checkpoint.parts`` offers the front ends (and later kinds of checkpoint): the tables'
+# save, and the protocol under it with its staging directory and the one-writer ``sync``.
+__all__ = ["save", "write_part", "merge", "commit", "single_process", "Staging"]
 
-
-def _staging_name(path: str, token: int) -> str:
-    # The coordinator's host and pid, as single-process temporary directories have, so that
-    # _fs.clean_stale removes the directory of a crashed save like any other.
-    return f"{_fs.tmp_prefix(path)}{_fs._host()}-{os.getpid()}-job{int(token):016x}"
+# The fields every shard of one table must agree on.
+_AGREE = ("key_dtype", "value_dtype", "dim", "initializer", "optimizer", "slot_names")
 
 
-def begin(path, token: int) -> str:
-    """Coordinator: checks ``path`` as ``checkpoint.save`` does and creates the staging
-    directory for ``token``. Returns its path."""
-    path = _fs.normalize(path)
-    _fs.prepare_target(path)
-    staging = _staging_name(path, token)
-    os.mkdir(staging, 0o755)
-    return staging
+def save(path, tables, *, names: list, sync: Sync = single_process, part: int = 0,
+         num_parts: int = 1, coordinator: bool = True, steps=None, dense=None, metadata=None,
+         page_rows: int = 1 << 16) -> None:
+    """Writes this writer's shards of one checkpoint at ``path`` (every writer calls it).
+
+    ``names``: every table of the checkpoint, in the same order on every writer (it fixes the
+    file names); ``tables``: name -> [(global shard index, Table)] of the shards this writer holds
+    (a table's indices are distinct across writers and together 0..N-1), or a function returning
+    that (called inside the protocol, so that its failure reaches every writer instead of leaving
+    them at a barrier). ``steps``, ``dense``, ``metadata``: the coordinator's are recorded.
+    ``sync``, ``part``, ``num_parts``, ``coordinator``: see ``_commit.commit``."""
+    names = list(names)
+
+    def write(staging: Staging) -> dict:
+        if coordinator:  # checked before writing gigabytes; written in the manifest step
+            dense_arrays(dense)
+            dumps({"metadata": dict(metadata or {})})
+        return write_part(staging, names, tables() if callable(tables) else tables, page_rows)
+
+    def manifest(staging: Staging, records: list) -> dict:
+        return merge(staging, records, names, steps=steps, dense=dense, metadata=metadata)
+
+    commit(path, sync, part=part, num_parts=num_parts, coordinator=coordinator, write=write,
+           manifest=manifest)
 
 
-def find_staging(path, token: int) -> str:
-    """Any process: the staging directory the coordinator made for ``token``."""
-    path = _fs.normalize(path)
-    found = glob.glob(glob.escape(_fs.tmp_prefix(path)) + f"*-job{int(token):016x}")
-    if len(found) != 1:
-        raise CheckpointError(
-            f"{path}: the staging directory of this save is not visible from this process "
-            f"(found {found}); every process of the job must see the same directory (one machine "
-            "or a shared file system)")
-    return found[0]
-
-
-def write_part(staging: str, part: int, names: list, tables: dict, *,
-               page_rows: int = 1 << 16) -> None:
-    """Writes this process's shards into ``staging``. ``names``: every table of the checkpoint,
-    in the same order in every process (it fixes the file names); ``tables``: name -> [(global
-    shard index, Table)] for the shards this process holds (the indices of one table are
-    distinct across processes)."""
-    record = {"format": FORMAT, "part": int(part), "tables": {}}
-    with ThreadPoolExecutor(_workers(), thread_name_prefix="dualemb-ckpt") as pool:
+def write_part(staging: Staging, names: list, tables: dict, page_rows: int) -> dict:
+    """Writes the shard files of ``tables`` into ``staging`` (fsynced); returns the part record
+    that lists them with their checksums."""
+    record = {}
+    with ThreadPoolExecutor(workers(), thread_name_prefix="dualemb-ckpt") as pool:
         for name, shards in tables.items():
+            if name not in names:
+                raise ValueError(f"table {name!r} is not one of the checkpoint's tables {names}")
+            if not shards:
+                continue  # a writer that holds no shard of this table
             i = names.index(name)
-            info = _describe(name, [t for _, t in shards])
+            info = describe(name, [t for _, t in shards])
             files = []
             for j, t in shards:
-                entry = _write_shard(t, os.path.join(staging, shard_file_name(i, j)), name, j,
-                                     info, page_rows, pool)
+                entry = write_shard(t, staging.file(shard_file_name(i, j)), name, j, info,
+                                    page_rows, pool)
                 files.append({"index": int(j), **entry})
-            record["tables"][name] = {"info": info, "shards": files}
-    final = os.path.join(staging, _PART.format(int(part)))
-    tmp = final + f".tmp-{os.getpid()}"
-    _write_new_file(tmp, json.dumps(record, allow_nan=False).encode("utf-8"))
-    os.rename(tmp, final)  # a part record is either complete or absent
-    fsync_dir(staging)
+            record[name] = {"info": info, "shards": files}
+    return {"tables": record}
 
 
-def _read_parts(staging: str, num_parts: int) -> list:
-    parts = []
-    for k in range(num_parts):
-        p = os.path.join(staging, _PART.format(k))
-        try:
-            with open(p, "rb") as f:
-                rec = json.loads(f.read())
-        except FileNotFoundError:
-            raise CheckpointError(f"{staging}: process {k} did not write its part of the "
-                                  "checkpoint (is the directory shared by every process?)") \
-                from None
-        if rec.get("format") != FORMAT or rec.get("part") != k:
-            raise CheckpointError(f"{p}: not part {k} of a dualemb checkpoint")
-        parts.append(rec)
-    return parts
-
-
-def _merge(parts: list, names: list, steps) -> list:
-    """The manifest's table entries from the parts' shard lists, shards in global index order."""
-    out = []
-    for name in names:
-        info, shards = None, []
-        for rec in parts:
-            t = rec["tables"].get(name)
-            if t is None:
-                continue
-            if info is None:
-                info = t["info"]
-            for field in ("key_dtype", "value_dtype", "dim", "initializer", "optimizer",
-                          "slot_names"):
-                if t["info"][field] != info[field]:
-                    raise CheckpointError(
-                        f"table {name!r}: process {rec['part']} has {field} "
-                        f"{t['info'][field]!r}, another has {info[field]!r}; the shards of one "
-                        "table must agree")
-            shards += t["shards"]
+def _merge_table(name: str, records: list, steps) -> dict:
+    """The manifest's entry of table ``name`` from the records' shard lists, in index order."""
+    info, shards = None, []
+    for rec in records:
+        t = rec["tables"].get(name)
+        if t is None:
+            continue
         if info is None:
-            raise CheckpointError(f"table {name!r}: no process saved a shard of it")
-        shards.sort(key=lambda s: s["index"])
-        indices = [s["index"] for s in shards]
-        if indices != list(range(len(shards))):
-            raise CheckpointError(f"table {name!r}: the processes saved shards {indices}; "
-                                  f"expected each of 0..{len(shards) - 1} exactly once")
-        step = _int_or_none(name, steps.get(name) if isinstance(steps, dict) else steps)
-        files = [{k: v for k, v in s.items() if k != "index"} for s in shards]
-        out.append({"name": name, **info, "step": step,
-                    "rows": sum(f["rows"] for f in files), "shards": files})
-    return out
+            info = t["info"]
+        for field in _AGREE:
+            if t["info"][field] != info[field]:
+                raise CheckpointError(
+                    f"table {name!r}: process {rec['part']} has {field} {t['info'][field]!r}, "
+                    f"another has {info[field]!r}; the shards of one table must agree")
+        shards += t["shards"]
+    if info is None:
+        raise CheckpointError(f"table {name!r}: no process saved a shard of it")
+    shards.sort(key=lambda s: s["index"])
+    indices = [s["index"] for s in shards]
+    if indices != list(range(len(shards))):
+        raise CheckpointError(f"table {name!r}: the processes saved shards {indices}; "
+                              f"expected each of 0..{len(shards) - 1} exactly once")
+    step = int_or_none(name, steps.get(name) if isinstance(steps, dict) else steps)
+    files = [{k: v for k, v in s.items() if k != "index"} for s in shards]
+    return {"name": name, **info, "step": step, "rows": sum(f["rows"] for f in files),
+            "shards": files}
 
 
-def finish(staging: str, path, num_parts: int, names: list, *, steps=None, dense=None,
-           metadata=None) -> None:
-    """Coordinator, after every process's ``write_part``: writes the manifest (last) and
-    publishes ``staging`` at ``path``, atomically replacing the checkpoint there. On failure the
-    staging directory is removed and ``path`` is untouched."""
-    path = _fs.normalize(path)
-    try:
-        tables = _merge(_read_parts(staging, num_parts), list(names), steps)
-        dense = _dense_arrays(dense)
-        dense_entry = _write_dense(os.path.join(staging, DENSE_FILE), dense) if dense else None
-        manifest = {"format": FORMAT, "version": VERSION, "created_unix": time.time(),
-                    "metadata": dict(metadata or {}), "dense": dense_entry, "tables": tables}
-        for k in range(num_parts):
-            os.unlink(os.path.join(staging, _PART.format(k)))
-        write_manifest_files(staging, manifest, _write_new_file)
-        fsync_dir(staging)
-        if os.path.lexists(path) and not _fs.is_complete(path):
-            os.rmdir(path)  # an empty directory (begin refused anything else)
-        _fs.publish(staging, path)
-    except BaseException:
-        abort(staging)
-        raise
-
-
-def abort(staging: str) -> None:
-    """Removes a staging directory (no manifest is ever in it before ``finish``)."""
-    _fs.remove_tree(staging)
+def merge(staging: Staging, records: list, names: list, *, steps=None, dense=None,
+          metadata=None) -> dict:
+    """Coordinator: the manifest of the checkpoint from every writer's record; writes the dense
+    file into ``staging`` first."""
+    tables = [_merge_table(name, records, steps) for name in names]
+    dense = dense_arrays(dense)
+    dense_entry = write_dense(staging.file(DENSE_FILE), dense) if dense else None
+    return {"format": FORMAT, "version": VERSION, "created_unix": time.time(),
+            "metadata": dict(metadata or {}), "dense": dense_entry, "tables": tables}

@@ -1,35 +1,26 @@
 """One common-format checkpoint of a MultiWorkerMirroredStrategy job whose all-to-all embeddings
 keep each replica's shard in its own worker process (``dualemb.tf.save`` delegates here).
 
-Every worker calls the save (as TF's own multi-worker checkpointing requires); the workers
-coordinate through the strategy's all-reduce, which is both how they agree on values and a
-barrier:
+Every worker calls the save (as TF's own multi-worker checkpointing requires); they run the
+common multi-writer protocol (``dualemb.core.checkpoint.parts``, docs/checkpoint_format.md §6)
+with the strategy's all-reduce as its ``sync`` (both how they agree on values and a barrier). The
+chief (``extended.should_checkpoint``) coordinates; every worker writes the shard files of its
+replicas (file index = the replica's id, so the saved shard ``r`` holds exactly the keys
+``shard_of(key, N) == r``); the chief also writes the dense weights (mirrored: its copy is
+everyone's) and the manifest, last, and publishes the directory atomically.
 
-1. the chief (``extended.should_checkpoint``) checks the path and creates a staging directory
-   named by a random token; an all-reduce hands every worker the token (0: the chief failed);
-2. every worker writes the shard files of its replicas (file index = the replica's id, so the
-   saved shard ``r`` holds exactly the keys ``shard_of(key, N) == r``) and a part record listing
-   them into that directory; an all-reduce counts the workers that succeeded;
-3. the chief writes the dense weights (mirrored: its copy is everyone's) and the manifest, last,
-   and publishes the directory atomically (``dualemb.core.checkpoint.parts``); a last all-reduce
-   tells every worker whether it did, so no worker returns before the checkpoint exists and all
-   of them raise if it does not.
-
-A worker that fails writes nothing visible: the chief removes the staging directory and the
-previous checkpoint at the path stays. The directory must be on a file system that every worker
+A worker that fails writes nothing visible: the chief removes the staging directory, the previous
+checkpoint at the path stays, and every worker raises. The directory must be on a file system that every worker
 sees at the same path (one machine, or a shared mount). Restoring is per process and needs no
 coordination (``variable_state.numpy_partitioner`` keeps each worker's own keys).
 """
 
 from __future__ import annotations
 
-import secrets
-
 import numpy as np
 import tensorflow as tf
 
 from dualemb.core import checkpoint as _ckpt
-from dualemb.core.checkpoint import CheckpointError
 from dualemb.core.table import Table
 from dualemb.tf.distribute import replica_shards
 
@@ -74,26 +65,9 @@ def save_job(strategy, path: str, variables: dict, *, steps=None, dense=None,
     num_parts = num_replicas // len(local)
     part = min(local) // len(local)
     chief = bool(strategy.extended.should_checkpoint)
-    failure = None
 
-    # 1. The chief makes the staging directory; everyone learns its token.
-    token = 0
-    if chief:
-        try:
-            token = secrets.randbelow(2 ** 62) + 1
-            staging = _ckpt.parts.begin(path, token)
-        except Exception as e:  # noqa: BLE001 - reported after the barrier, on every worker
-            failure, token = e, 0
-    token = int(_all_sum(strategy, [token])[0])
-    if token == 0:
-        raise failure or CheckpointError(f"{path}: the chief could not start the checkpoint "
-                                         "(see its log)")
-
-    # 2. Every worker writes the shards of its replicas.
-    ok = 1
-    try:
-        staging = _ckpt.parts.find_staging(path, token)
-        tables = {}
+    def tables() -> dict:
+        out = {}
         for name, var in variables.items():
             # A Variable not spread over the processes (a plain layer) is the same everywhere:
             # the chief saves it.
@@ -103,27 +77,11 @@ def save_job(strategy, path: str, variables: dict, *, steps=None, dense=None,
                 ids = list(range(len(var.tables)))
             else:
                 continue
-            tables[name] = [(j, Table.attach(int(getattr(t, "table_id", t)), name=name))
-                            for j, t in zip(ids, var.tables)]
-        _ckpt.parts.write_part(staging, part, names, tables)
-    except Exception as e:  # noqa: BLE001 - every worker must reach the next all-reduce
-        failure, ok = e, 0
-    written = int(_all_sum(strategy, [ok])[0])
+            out[name] = [(j, Table.attach(int(getattr(t, "table_id", t)), name=name))
+                         for j, t in zip(ids, var.tables)]
+        return out
 
-    # 3. The chief writes the manifest and publishes, or removes the staging directory.
-    published = 0
-    if chief:
-        try:
-            if written != num_parts:
-                raise CheckpointError(f"{path}: {num_parts - written} of {num_parts} workers "
-                                      "failed to write their shards; the previous checkpoint "
-                                      "is kept")
-            _ckpt.parts.finish(staging, path, num_parts, names, steps=steps, dense=dense,
-                               metadata=metadata)
-            published = 1
-        except Exception as e:  # noqa: BLE001
-            _ckpt.parts.abort(staging)
-            failure = failure or e
-    if int(_all_sum(strategy, [published])[0]) == 0:
-        raise failure or CheckpointError(f"{path}: the checkpoint was not written (see the "
-                                         "chief's log); the previous checkpoint is kept")
+    _ckpt.parts.save(path, tables, names=names,
+                     sync=lambda tag, values: _all_sum(strategy, values).tolist(),
+                     part=part, num_parts=num_parts, coordinator=chief, steps=steps,
+                     dense=dense, metadata=metadata)
