@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 DIM = 4
 BAG = 3  # ids per example
