@@ -107,7 +107,7 @@ def test_bad_option_from_the_command_line_loads_no_framework(tmp_path):
 def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, capsys):
     pytest.importorskip("jax")
     pytest.importorskip("matplotlib")
-    from dualemb.core.checkpoint import _save
+    from dualemb.core.checkpoint import _write
     from dualemb.demo import main
 
     out = tmp_path / "out"
@@ -119,7 +119,7 @@ def test_interrupted_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch, c
     def interrupt(table, offset, limit):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(_save, "_export_page", interrupt)
+    monkeypatch.setattr(_write, "_export_page", interrupt)
     assert main([*args[:-1], "--seed", "5", "--quiet"]) == 130
     err = capsys.readouterr().err
     assert "interrupted" in err and "atomic" in err

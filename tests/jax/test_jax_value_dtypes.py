@@ -7,6 +7,7 @@ tables (subprocesses: both are chosen before jax is imported)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -341,7 +342,7 @@ def run_python(body: str, env: dict) -> str:
 def test_host_callback_path_matches_the_dict_reference():
     env = U.env(1)
     env["DUALEMB_JAX_HOST_CALLBACK"] = "1"
-    env["PYTHONPATH"] = U.ROOT + "/tests:" + env["PYTHONPATH"]
+    env["PYTHONPATH"] = os.path.dirname(os.path.abspath(__file__)) + os.pathsep + env["PYTHONPATH"]
     out = run_python("""
         import jax, jax.numpy as jnp, numpy as np
         import dualemb.jax as dej
