@@ -83,11 +83,17 @@ class LocalCluster:
         if out is not subprocess.DEVNULL:
             out.close()
 
-    def restart(self, job: str, task: int) -> None:
-        """Starts task (job, task) again on its port (after ``kill``) and waits until it listens."""
-        self.kill(job, task)
-        self._start(job, task)
-        self.wait_ready([(job, task)])  # not the others: another may be killed on purpose
+    def restart(self, job: str, task: int, *more: tuple[str, int]) -> None:
+        """Starts task (job, task) — and each further (job, task) in ``more`` — again on its port
+        (after ``kill``), all at once, then waits until each listens. Restarting several tasks
+        together keeps the window short in which TF's coordinator sees some of them back and
+        others not (it then attempts a cluster update that fails and must be retried)."""
+        tasks = [(job, task), *more]
+        for j, t in tasks:
+            self.kill(j, t)
+        for j, t in tasks:
+            self._start(j, t)
+        self.wait_ready(tasks)  # not the others: another may be killed on purpose
 
     def wait_ready(self, tasks=None) -> None:
         """Waits until every started task (or each (job, task) in ``tasks``) listens; raises if

@@ -199,8 +199,9 @@ def test_fit_step_applied_again_when_its_workers_die_after_the_update(tmp_path):
             # Killed in its pause, the step's RPC fails: the coordinator sees it whenever it
             # looks, so the restart needs no delay. The release lets a retry through at once.
             (tmp_path / "marker.release").write_text("go")
-            for task in (0, 1):
-                cluster.restart("worker", task)  # TF reconnects to them at the same address
+            # Both at once (TF reconnects to them at the same address): one back and the other
+            # not yet makes the coordinator's cluster update fail and retry.
+            cluster.restart("worker", 0, ("worker", 1))
             chief.wait(timeout=EVENT_TIMEOUT)
             err = chief_log(tmp_path)
             assert chief.returncode == 0, err[-4000:]

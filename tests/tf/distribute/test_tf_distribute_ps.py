@@ -295,8 +295,7 @@ def test_step_applied_again_when_its_worker_dies_after_the_update(tmp_path):
             cluster.kill("worker", 1)
             updated.unlink()
             (tmp_path / "step7_updated.release").write_text("go")  # the retry does not wait
-            cluster.restart("worker", 0)
-            cluster.restart("worker", 1)
+            cluster.restart("worker", 0, ("worker", 1))  # both at once: see LocalCluster.restart
             err = finish(chief, tmp_path)
             assert chief.returncode == 0, err[-4000:]
         finally:
