@@ -217,6 +217,21 @@ def test_refuses_to_write_over_foreign_objects(s3):
     assert fs.cat_file(f"{p}/notes.txt") == b"mine" and prefixes(url) == ["notes.txt"]
 
 
+# ---- several writers (the multi-process protocol; here threads) ---------------------------------
+def test_several_writers_make_one_checkpoint(s3, tmp_path):
+    from test_checkpoint_parts import assert_rows, contents, run_writers, shard_tables
+    tables, want = shard_tables(3)
+    parts = [{"t": [(k, t)]} for k, t in enumerate(tables)]
+    url = f"{s3}/parts/ck"
+    # writer 1 coordinates: the others find its generation by listing the bucket
+    assert run_writers(url, parts, coordinator=1, steps=5) == [None] * 3
+    assert run_writers(tmp_path / "local", parts, coordinator=1, steps=5) == [None] * 3
+    assert_same_files(remote_files(url), local_files(tmp_path / "local"))
+    ck = checkpoint.load(url, num_shards=1)
+    assert ck.steps == {"t": 5}
+    assert_rows(contents([ck.tables["t"][0]]), want)
+
+
 # ---- a server killed mid-save --------------------------------------------------------------------
 def test_server_killed_mid_save_keeps_the_previous_checkpoint(gcs, monkeypatch):
     import gcsfs.retry
