@@ -111,3 +111,11 @@ def test_fsspec_url_as_pathlike_and_any_case_scheme_is_one_checkpoint(in_tmp):
         assert os.listdir(in_tmp) == []  # nothing written locally
     finally:
         fsspec.filesystem("memory").rm("/dualemb-paths-test", recursive=True)
+
+
+def test_file_writer_refuses_a_url_instead_of_writing_it_locally(in_tmp):
+    from dualemb.core.checkpoint._safetensors import Writer
+    with pytest.raises(ValueError, match="Staging.new_file"):
+        Writer("gs://bucket/ck/table-0000-shard-00000.safetensors",
+               [("keys", np.int64, (2,))])
+    assert os.listdir(in_tmp) == []

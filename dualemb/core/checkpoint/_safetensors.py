@@ -142,6 +142,10 @@ class Writer:
 
     def __init__(self, path: str, tensors: Iterable[tuple[str, np.dtype, tuple]],
                  metadata: Mapping[str, str] | None = None):
+        if _objects.is_remote(path):  # os.open would make a local ./gs:/... file of it
+            raise ValueError(f"{path}: the safetensors writer writes local files; a checkpoint "
+                             "file on an object store is written at the local path that "
+                             "Staging.new_file gives, which uploads it")
         self.path = path
         header: dict = {}
         if metadata:
