@@ -198,6 +198,18 @@ def test_uncommitted_generation_is_invisible_and_removed_by_the_next_save(store)
     assert dead not in left and committed not in left and len(left) == 2
 
 
+def test_a_dead_process_spool_is_removed_by_the_next_save(s3, tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(_object_store.tempfile, "tempdir", None)  # re-read TMPDIR
+    dead = tmp_path / f"{_object_store.SPOOL_PREFIX}{2 ** 22 + 1}-abc"  # no such pid
+    dead.mkdir()
+    (dead / "table-0000-shard-00000.safetensors").write_bytes(b"x" * 100)
+    mine = tmp_path / f"{_object_store.SPOOL_PREFIX}{os.getpid()}-abc"  # a live process's
+    mine.mkdir()
+    checkpoint.save(f"{s3}/spool/ck", {"user": make_tables()[0]["user"]})
+    assert sorted(os.listdir(tmp_path)) == [mine.name]  # and the save's own spool is gone
+
+
 def test_prefix_without_marker_is_not_a_checkpoint(store):
     url = f"{store}/nomarker/ck"
     fs, p = fsspec.core.url_to_fs(url)

@@ -32,7 +32,8 @@ store; a generation belongs to a dead save when:
 Files are written to a local spool file by the same streaming writer as a local save (pages of
 at most 4 MiB, never a whole table in memory), then uploaded in blocks (fsspec's ``put_file``:
 an S3 multipart or GCS resumable upload) and the spool file deleted, one file at a time: the
-local disk holds at most one shard file (``TMPDIR``). The bytes are those of a local save.
+local disk holds at most one shard file (``TMPDIR``; a killed process's spool is removed by the
+next save on the machine). The bytes are those of a local save.
 """
 
 from __future__ import annotations
@@ -58,6 +59,9 @@ HEARTBEAT_S = 60.0
 # nothing in it changed for this long; a live save touches its heartbeat every HEARTBEAT_S.
 STALE_S = 3600.0
 _PART = ".part-{:05d}.json"
+# Local spool directories: <tmp>/dualemb-spool-<pid>-<random>; a process killed mid-upload leaves
+# one, which the next save on this machine removes (remove_dead_spools).
+SPOOL_PREFIX = "dualemb-spool-"
 
 # Generations this process is writing: its own leftovers (a save that failed and could not clean
 # up, e.g. because the server was down) are told apart from its saves running in other threads.
@@ -175,6 +179,16 @@ def clean_stale(url: str) -> None:
             _objects.remove_tree(_objects.join(url, name), first=MANIFEST)
 
 
+def remove_dead_spools() -> None:
+    """Removes the spool directories of processes of this machine that are gone."""
+    tmp = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        for name in os.listdir(tmp):
+            pid = name[len(SPOOL_PREFIX):].split("-", 1)[0]
+            if name.startswith(SPOOL_PREFIX) and pid.isdigit() and not _pid_alive(int(pid)):
+                shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
+
+
 class ObjectStaging:
     """The generation prefix of one save to an object-store URL: the same interface as the local
     ``_staging.Staging`` (``begin``/``join``, ``file``, ``new_file``, part records, ``commit``,
@@ -194,6 +208,7 @@ class ObjectStaging:
     def begin(cls, path: str) -> "ObjectStaging":
         _check_target(path)
         clean_stale(path)
+        remove_dead_spools()
         token = secrets.randbelow(2 ** 31 - 1) + 1  # as _staging: positive, below 2**31
         gen = _generation_name(token)
         with _live_lock:
@@ -231,7 +246,7 @@ class ObjectStaging:
     def new_file(self, name: str):
         """A local spool path to write file ``name`` at; uploaded under the generation prefix
         when the block ends without an exception, and deleted in any case."""
-        spool = tempfile.mkdtemp(prefix="dualemb-spool-")
+        spool = tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-")
         try:
             local = os.path.join(spool, name)
             yield local
