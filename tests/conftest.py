@@ -27,6 +27,7 @@ _BY_PATH = (
     ("tests/core/test_sanitizers.py", ("sanitizer", "slow")),
     ("tests/interop/test_demo.py", ("multiprocess", "slow")),
     ("tests/jax/test_jax_multiprocess.py", ("multiprocess", "slow")),
+    ("tests/checkpoint/test_checkpoint_object_store.py", ("multiprocess",)),
     ("tests/jax/test_jax_sharded_checkpoint.py", ("multiprocess",)),
     ("tests/jax/test_jax_host_callback.py", ("multiprocess",)),
     ("tests/jax/test_jax_nnx_sharded.py", ("multiprocess",)),

@@ -8,6 +8,10 @@ write and read, with tables (optimizer slots included), dense parameters and met
     ckpt = checkpoint.load(path)          # fresh tables from the manifest
     checkpoint.read_manifest(path); checkpoint.load_dense(path)
 
+Every ``path`` may be a local directory or the URL of an object store (``gs://bucket/ckpt``,
+``s3://bucket/ckpt``, any fsspec URL; the ``object-store`` extra): there a save writes a fresh
+generation prefix and publishes it with a ``commit.json`` marker written last.
+
 The on-disk format (safetensors shard files + ``manifest.json``), the crash-safety scheme and
 the verification rules are specified in docs/checkpoint_format.md. Every save, by one process or
 by several (``parts.save`` with the job's ``sync`` collective), runs one commit protocol:

@@ -14,6 +14,9 @@ its lock, and the removal of dead saves' leftovers), fsyncs every file and the d
   save to ``path`` deletes it once a new checkpoint is in place.
 
 The parent directory is fsynced after each rename.
+
+An object-store URL (``gs://``, ``s3://``, any fsspec scheme) has no rename: ``normalize`` keeps
+it as a URL, ``resolve`` follows its commit marker, and ``_object_store.py`` publishes it.
 """
 
 from __future__ import annotations
@@ -23,9 +26,9 @@ import errno
 import os
 import re
 import shutil
-import socket
 import warnings
 
+from dualemb.core.checkpoint import _object_store, _objects
 from dualemb.core.checkpoint._manifest import MANIFEST, CheckpointError
 from dualemb.core.checkpoint._safetensors import fsync_dir
 
@@ -34,7 +37,7 @@ _RENAME_EXCHANGE = 2
 
 
 def _host() -> str:
-    return "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:32] or "host"
+    return _objects.host()
 
 
 def tmp_prefix(path: str) -> str:
@@ -47,35 +50,33 @@ def aside_path(path: str) -> str:
     return os.path.join(parent, f".{base}.old")
 
 
-_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
-
-
 def local_path(path) -> str:
-    """``path`` as a local filesystem path; ``file://`` URLs are accepted.
-
-    Any other URL scheme (``gs://``, ``s3://``, ``hdfs://``...) is refused with a ``ValueError``
-    naming it: the crash-safe publication above needs an atomic directory rename, which object
-    stores do not offer, and treating the URL as a relative local path would silently write to
-    ``./gs:/bucket/...``. Save locally, then copy the finished directory with the store's tools.
-    """
-    text = os.fsdecode(os.fspath(path))
-    m = _URL.match(text)
+    """``path`` as a local filesystem path; ``file://`` URLs are accepted. An object-store URL
+    (``gs://``, ``s3://``...) is a ``ValueError`` naming its scheme: treating it as a relative
+    local path would silently write to ``./gs:/bucket/...``."""
+    text = _objects.text_of(path)
+    remote = _objects.scheme(text)
+    if remote is not None:
+        raise ValueError(f"{text!r} uses the URL scheme '{remote}://', not a local path")
+    m = re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", text)
     if m is None:
         return text
-    scheme = m.group(1).lower()
-    if scheme == "file":
-        rest = text[len(m.group(0)):]
-        if not rest.startswith("/"):
-            raise ValueError(f"file URL {text!r} must name an absolute path (file:///dir/ckpt)")
-        return rest
-    raise ValueError(
-        f"checkpoint path {text!r} uses the URL scheme '{scheme}://', which dualemb checkpoints "
-        "do not support: a checkpoint is published by an atomic directory rename, which such "
-        "stores lack. Save to a local directory and copy it (e.g. gsutil cp -r / aws s3 cp "
-        "--recursive).")
+    rest = text[len(m.group(0)):]
+    if not rest.startswith("/"):
+        raise ValueError(f"file URL {text!r} must name an absolute path (file:///dir/ckpt)")
+    return rest
 
 
 def normalize(path) -> str:
+    """The one spelling of a checkpoint path: an absolute local path, or an object-store URL
+    (any fsspec scheme; ``_object_store.py``) with a lower-case scheme and no trailing slash."""
+    if _objects.is_remote(path):
+        url = _objects.canonical_url(path)
+        name = url.split("://", 1)[1].rsplit("/", 1)[-1]
+        if name in ("", ".", ".."):
+            raise ValueError(f"invalid checkpoint path {path!r}")
+        _objects.filesystem(url)  # the backend is installed (else a ValueError naming it)
+        return url
     p = os.path.abspath(local_path(path))
     if os.path.basename(p) in ("", ".", ".."):
         raise ValueError(f"invalid checkpoint path {path!r}")
@@ -88,7 +89,10 @@ def is_complete(path: str) -> bool:
 
 def resolve(path: str) -> str:
     """The directory holding the complete checkpoint saved at `path`: `path` itself, or its
-    aside copy if a save was interrupted between its two renames. FileNotFoundError if none."""
+    aside copy if a save was interrupted between its two renames; on an object store, the
+    generation its commit marker names (``_object_store.resolve``). FileNotFoundError if none."""
+    if _objects.is_remote(path):
+        return _object_store.resolve(path)
     if os.path.isdir(path):
         if not is_complete(path):
             raise CheckpointError(f"{path}: no {MANIFEST}; not a complete dualemb checkpoint")

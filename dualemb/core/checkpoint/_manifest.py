@@ -8,6 +8,7 @@ import zlib
 from typing import Any
 
 from dualemb.core import legacy_spec
+from dualemb.core.checkpoint import _objects
 
 FORMAT = "dualemb-checkpoint"
 # 2: initializer and optimizer objects hold the JSON specs the core describes (exact types), and
@@ -64,8 +65,7 @@ def _verify_checksum(root: str, data: bytes) -> bool:
     """Checks manifest.json's bytes against MANIFEST_CHECKSUM; False if there is none."""
     cpath = os.path.join(root, MANIFEST_CHECKSUM)
     try:
-        with open(cpath, "rb") as f:
-            stored = f.read()
+        stored = _objects.read_bytes(cpath)  # local or object store
     except FileNotFoundError:
         return False
     if stored != _checksum_record(data):
@@ -84,8 +84,7 @@ def read(root: str) -> dict:
     """The validated manifest of the checkpoint directory `root`, its bytes verified first."""
     mpath = os.path.join(root, MANIFEST)
     try:
-        with open(mpath, "rb") as f:
-            data = f.read()
+        data = _objects.read_bytes(mpath)  # local or object store
     except FileNotFoundError:
         raise CheckpointError(f"{root}: no {MANIFEST}; not a complete dualemb checkpoint") from None
     checked = _verify_checksum(root, data)

@@ -65,8 +65,8 @@ def write_part(staging: Staging, names: list, tables: dict, page_rows: int) -> d
             info = describe(name, [t for _, t in shards])
             files = []
             for j, t in shards:
-                entry = write_shard(t, staging.file(shard_file_name(i, j)), name, j, info,
-                                    page_rows, pool)
+                with staging.new_file(shard_file_name(i, j)) as fpath:
+                    entry = write_shard(t, fpath, name, j, info, page_rows, pool)
                 files.append({"index": int(j), **entry})
             record[name] = {"info": info, "shards": files}
     return {"tables": record}
@@ -106,6 +106,9 @@ def merge(staging: Staging, records: list, names: list, *, steps=None, dense=Non
     file into ``staging`` first."""
     tables = [_merge_table(name, records, steps) for name in names]
     dense = dense_arrays(dense)
-    dense_entry = write_dense(staging.file(DENSE_FILE), dense) if dense else None
+    dense_entry = None
+    if dense:
+        with staging.new_file(DENSE_FILE) as fpath:
+            dense_entry = write_dense(fpath, dense)
     return {"format": FORMAT, "version": VERSION, "created_unix": time.time(),
             "metadata": dict(metadata or {}), "dense": dense_entry, "tables": tables}

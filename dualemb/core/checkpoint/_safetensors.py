@@ -24,6 +24,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 
+from dualemb.core.checkpoint import _objects
 from dualemb.core.checkpoint._manifest import CheckpointError
 
 # numpy dtype name -> safetensors dtype code
@@ -112,9 +113,10 @@ def pwrite_all(fd: int, data, offset: int) -> None:
         offset += n
 
 
-def pread_into(fd: int, view: memoryview, offset: int, path: str) -> None:
+def pread_into(fd, view: memoryview, offset: int, path: str) -> None:
+    """Fills ``view`` from ``offset`` of ``fd`` (a descriptor, or an ``_objects`` file)."""
     while len(view):
-        n = os.preadv(fd, [view], offset)
+        n = os.preadv(fd, [view], offset) if isinstance(fd, int) else fd.pread_into(view, offset)
         if n <= 0:
             raise CheckpointError(f"{path}: file ends early at byte {offset} (truncated?)")
         view = view[n:]
@@ -140,6 +142,10 @@ class Writer:
 
     def __init__(self, path: str, tensors: Iterable[tuple[str, np.dtype, tuple]],
                  metadata: Mapping[str, str] | None = None):
+        if _objects.is_remote(path):  # os.open would make a local ./gs:/... file of it
+            raise ValueError(f"{path}: the safetensors writer writes local files; a checkpoint "
+                             "file on an object store is written at the local path that "
+                             "Staging.new_file gives, which uploads it")
         self.path = path
         header: dict = {}
         if metadata:
@@ -246,8 +252,10 @@ class Reader:
         self.path = path
         self.label = label
         self.entry = entry
+        self._fd = None
         try:
-            self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            # A local descriptor or an object read by ranges (``_objects``): opened once, here.
+            self._fd = _objects.open_read(path)
         except FileNotFoundError:
             raise CheckpointError(f"{label}: file {path} is missing") from None
         try:
@@ -260,7 +268,7 @@ class Reader:
         raise CheckpointError(f"{self.label}: {self.path}: {what}")
 
     def _check_header(self) -> None:
-        size = os.fstat(self._fd).st_size
+        size = self._fd.size()
         want = self.entry["bytes"]
         if size != want:
             self._fail(f"file has {size} bytes, the manifest records {want} "
@@ -374,9 +382,9 @@ class Reader:
         return out
 
     def close(self) -> None:
-        if getattr(self, "_fd", -1) >= 0:
-            os.close(self._fd)
-            self._fd = -1
+        if getattr(self, "_fd", None) is not None:
+            self._fd.close()
+            self._fd = None
 
     def __del__(self):
         self.close()

@@ -27,10 +27,11 @@ before it starts, removes:
 A directory whose lock is held is never removed, whoever holds it. Writers other than the
 coordinator (:meth:`Staging.join`) only add files; they never own, publish or remove it.
 
-What a backend needs to offer this protocol: create a private staging area, write files into it,
-a part record per writer, and publish with the manifest as the last thing written. An object
-store would publish by writing the manifest last under a fresh prefix (no rename) and mark
-liveness with a heartbeat object instead of a lock; the callers above (``_commit.py``) stay.
+What a backend needs to offer this protocol: create a private staging area, write files into it
+(:meth:`Staging.new_file`), a part record per writer, and publish with the manifest as the last
+thing written. An object-store URL gets ``_object_store.ObjectStaging`` from :meth:`begin` and
+:meth:`join` instead: a fresh generation prefix published by a commit marker written last (no
+rename), liveness by a heartbeat object instead of a lock; the callers (``_commit.py``) stay.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ import re
 import secrets
 import time
 
-from dualemb.core.checkpoint import _fs, _manifest
+from dualemb.core.checkpoint import _fs, _manifest, _objects
+from dualemb.core.checkpoint._object_store import ObjectStaging
 from dualemb.core.checkpoint._manifest import FORMAT, CheckpointError
 from dualemb.core.checkpoint._safetensors import fsync_dir
 from dualemb.core.checkpoint._write import write_new_file
@@ -91,8 +93,11 @@ class Staging:
     @classmethod
     def begin(cls, path) -> "Staging":
         """Coordinator: checks that a save may write ``path`` (``_fs.prepare_target``), removes
-        stale staging directories of dead saves to it, and makes a new one, locked."""
+        stale staging directories of dead saves to it, and makes a new one, locked. An
+        object-store URL gets an ``ObjectStaging`` (same interface)."""
         path = _fs.normalize(path)
+        if _objects.is_remote(path):
+            return ObjectStaging.begin(path)
         _fs.prepare_target(path)
         clean_stale(path)
         token = _new_token()
@@ -109,6 +114,8 @@ class Staging:
     def join(cls, path, token: int) -> "Staging":
         """Any other writer: the staging directory the coordinator made for ``token``."""
         path = _fs.normalize(path)
+        if _objects.is_remote(path):
+            return ObjectStaging.join(path, token)
         found = glob.glob(glob.escape(_fs.tmp_prefix(path)) + f"*-{int(token):016x}")
         found = [d for d in found if os.path.isdir(d)]
         if len(found) != 1:
@@ -124,6 +131,12 @@ class Staging:
 
     def file(self, name: str) -> str:
         return os.path.join(self.directory, name)
+
+    @contextlib.contextmanager
+    def new_file(self, name: str):
+        """The path to write the checkpoint's file ``name`` at: here, in the staging directory
+        itself (an object store's staging spools it locally and uploads it after the block)."""
+        yield self.file(name)
 
     def write_record(self, part: int, record: dict) -> None:
         """Writes writer ``part``'s record (JSON; the files it wrote and their checksums) so that
