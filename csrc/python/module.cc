@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "changes.h"
 #include "core_errors.h"
 #include "dualemb_core.h"
 #include "string_keys.h"
@@ -127,6 +128,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("version", [] { return std::string(de_version()); });
   dualemb_py::bind_string_keys(m);
+  dualemb_py::bind_changes(m);
   m.def("create", [](int64_t id, const std::string& config) {
     int64_t out;
     check(de_table_create(id, config.c_str(), &out));
