@@ -469,8 +469,7 @@ class Table(ChangeTracking):
             out[:] = keys
             return out
         keys = np.empty(limit, self._key_dtype)
-        n = _core.export_page(self._id, offset, keys,
-                              np.empty((limit, self._dim), self._value_dtype), None, None, None)
+        n = _core.export_page(self._id, offset, keys, None, None, None, None)
         return keys[:n]
 
     def export_pages(self, page_size: int = 1 << 16) -> Iterator[dict]:

@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 
+import _numpy_shard_reader as shard_reader  # noqa: E402  (tests/ helper)
 from dualemb.core import Table, checkpoint
 from dualemb.core.checkpoint import CheckpointError
 
@@ -205,3 +206,23 @@ def test_evicted_rows_are_handed_over():
     t.capture_evicted(False)
     t.restrict(1)
     assert len(t.take_evicted()["keys"]) == 0
+
+
+def test_numpy_reader_follows_the_chain(tmp_path):
+    """The spec (§10) is enough: numpy alone reads a chain to the table's rows."""
+    rng = np.random.default_rng(5)
+    t = Table(DIM)  # no optimizer: one shard file per layer
+    t.insert_or_assign(np.arange(40), rng.standard_normal((40, DIM)).astype(np.float32))
+    checkpoint.save(tmp_path / "full", {"emb": t})
+    t.erase(np.arange(5))
+    t.insert_or_assign(np.array([7, 50]), np.ones((2, DIM), np.float32))
+    checkpoint.save(tmp_path / "d1", {"emb": t}, base=tmp_path / "full")
+    t.restrict(30)
+    t.accum(np.array([8]), np.ones((1, DIM), np.float32), np.array([True]))
+    checkpoint.save(tmp_path / "d2", {"emb": t}, base=tmp_path / "d1")
+    got = shard_reader.chain_rows(tmp_path / "d2")
+    p = t.export()
+    assert sorted(got) == sorted(p["keys"].tolist())
+    for i, k in enumerate(p["keys"].tolist()):
+        np.testing.assert_array_equal(got[k][0], p["values"][i])
+        assert got[k][1:] == (int(p["last_update"][i]), int(p["update_count"][i]))
