@@ -337,8 +337,8 @@ int64_t StringKeyTable::export_changed(int64_t* cursor, int64_t limit, de_string
   const int64_t start = *cursor;
   int64_t got = 0;
   const int64_t written = export_strings(limit, out, [&](std::vector<int64_t>& ids) {
-    got = rows_.export_changed(cursor, static_cast<int64_t>(ids.size()), ids.data(), values,
-                               slots, slots_given, last_update, update_count);
+    got = rows_.export_changed(cursor, static_cast<int64_t>(ids.size()), ids.data(), values, slots,
+                               slots_given, last_update, update_count);
     return got;
   });
   if (written < got) {

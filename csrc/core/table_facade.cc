@@ -211,8 +211,8 @@ int64_t TableFacade::take_evicted(int64_t limit, int32_t key_dtype, void* keys, 
     return rows_->take_evicted(limit, static_cast<int64_t*>(keys), values, slots, slots_given,
                                last_update, update_count, remaining);
   std::vector<int64_t> wide(static_cast<size_t>(limit));
-  const int64_t n = rows_->take_evicted(limit, wide.data(), values, slots, slots_given,
-                                        last_update, update_count, remaining);
+  const int64_t n = rows_->take_evicted(limit, wide.data(), values, slots, slots_given, last_update,
+                                        update_count, remaining);
   int32_t* k32 = static_cast<int32_t*>(keys);
   for (int64_t i = 0; i < n; ++i) k32[i] = static_cast<int32_t>(wide[i]);
   return n;
