@@ -226,3 +226,21 @@ def test_numpy_reader_follows_the_chain(tmp_path):
     for i, k in enumerate(p["keys"].tolist()):
         np.testing.assert_array_equal(got[k][0], p["values"][i])
         assert got[k][1:] == (int(p["last_update"][i]), int(p["update_count"][i]))
+
+
+def test_corrupt_tombstones_are_refused_with_the_table_unchanged(tmp_path):
+    t = Table(DIM)
+    t.insert_or_assign(np.arange(20), np.zeros((20, DIM), np.float32))
+    checkpoint.save(tmp_path / "full", {"emb": t})
+    t.erase(np.arange(4))
+    checkpoint.save(tmp_path / "d", {"emb": t}, base=tmp_path / "full")
+    tomb = checkpoint.read_manifest(tmp_path / "d")["tables"][0]["tombstones"]
+    path = tmp_path / "d" / tomb["file"]
+    data = bytearray(path.read_bytes())
+    data[tomb["header_bytes"]] ^= 1  # a tombstone key: one bit
+    path.write_bytes(bytes(data))
+    live = Table(DIM)
+    live.insert_or_assign(np.array([77]), np.ones((1, DIM), np.float32))
+    with pytest.raises(CheckpointError, match="checksum mismatch in tensor 'keys'"):
+        checkpoint.load(tmp_path / "d", {"emb": live})
+    assert live.export()["keys"].tolist() == [77]

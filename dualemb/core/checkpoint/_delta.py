@@ -96,7 +96,10 @@ def read_keys(reader: Reader, string: bool) -> np.ndarray:
     """Every key of a verified shard or tombstone file: int64/int32 array, or object array of
     bytes for string keys."""
     if not string:
-        return reader.read_all("keys")
+        keys = reader.read_all("keys")
+        if keys.dtype not in (np.int64, np.int32):
+            raise CheckpointError(f"{reader.path}: keys are {keys.dtype}, not int64/int32")
+        return keys
     offs = reader.read_all(_skeys.OFFSETS)
     data = reader.read_all(_skeys.BYTES).tobytes()
     if len(offs) == 0 or offs[0] != 0 or np.any(np.diff(offs) < 0) or offs[-1] != len(data):
@@ -109,10 +112,15 @@ def read_keys(reader: Reader, string: bool) -> np.ndarray:
 def file_keys(root: str, entry: dict, string: bool, label: str) -> np.ndarray:
     """The keys of a shard or tombstone file, their tensors' checksums verified (only theirs: a
     delta save reads the base's keys, not its rows)."""
+    names = (_skeys.OFFSETS, _skeys.BYTES) if string else ("keys",)
+    if not set(names) <= set(entry["tensors"]) or any(
+            len(entry["tensors"][n]["shape"]) != 1 for n in names):
+        raise CheckpointError(f"{label}: {entry['file']} holds tensors "
+                              f"{sorted(entry['tensors'])}, expected 1-d {list(names)}")
     reader = Reader(os.path.join(root, entry["file"]), entry, label)
     try:
         buf = bytearray(4 << 20)
-        for name in ((_skeys.OFFSETS, _skeys.BYTES) if string else ("keys",)):
+        for name in names:
             begin, end = entry["tensors"][name]["data_offsets"]
             reader.check_crc(name, reader.crc_range(name, 0, end - begin, buf))
         return read_keys(reader, string)
