@@ -17,6 +17,7 @@
 #ifndef DUALEMB_CHANGE_TRACKING_H_
 #define DUALEMB_CHANGE_TRACKING_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -68,13 +69,14 @@ struct EvictedCapture {
     update_count.clear();
     rows.clear();
   }
-  // Room for n more rows, so capturing during an eviction cannot fail half way.
+  // Room for n more rows, so capturing during an eviction cannot fail half way. Grows
+  // geometrically: rows captured over many writes and taken rarely cost amortised O(1) each.
   void reserve_more(int64_t n) {
     if (!mode || n <= 0) return;
-    keys.reserve(keys.size() + n);
-    last_update.reserve(last_update.size() + n);
-    update_count.reserve(update_count.size() + n);
-    if (mode == 2) rows.reserve(rows.size() + static_cast<size_t>(n * row_bytes));
+    grow(keys, n);
+    grow(last_update, n);
+    grow(update_count, n);
+    if (mode == 2) grow(rows, n * row_bytes);
   }
   void add(const RowMeta& m, const unsigned char* row) {
     keys.push_back(m.key);
@@ -83,6 +85,13 @@ struct EvictedCapture {
     if (mode == 2) rows.insert(rows.end(), row, row + row_bytes);
   }
   int64_t size() const { return static_cast<int64_t>(keys.size()); }
+
+ private:
+  template <class V>
+  static void grow(V& v, int64_t more) {
+    const size_t need = v.size() + static_cast<size_t>(more);
+    if (need > v.capacity()) v.reserve(std::max(need, 2 * v.capacity()));
+  }
 };
 
 }  // namespace dualemb
