@@ -258,6 +258,65 @@ int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const 
   });
 }
 
+int de_changes_begin(int64_t id, int64_t* token) {
+  return guarded("changes begin", [&] {
+    require_out(token, "token");
+    *token = dualemb::get_table(id)->changes_begin();
+  });
+}
+
+int de_changes_commit(int64_t id, int64_t token, const char* label) {
+  return guarded("changes commit", [&] {
+    require_out(label, "label");
+    dualemb::get_table(id)->changes_commit(token, label);
+  });
+}
+
+int de_changes_label(int64_t id, char* label, int64_t capacity, int64_t* len) {
+  return guarded("changes label", [&] {
+    require_out(label, "label");
+    require_out(len, "len");
+    const std::string s = dualemb::get_table(id)->changes_label();
+    if (capacity < static_cast<int64_t>(s.size()) + 1)
+      throw std::invalid_argument("changes label: the buffer needs " +
+                                  std::to_string(s.size() + 1) + " bytes");
+    std::memcpy(label, s.c_str(), s.size() + 1);
+    *len = static_cast<int64_t>(s.size());
+  });
+}
+
+int de_count_changed(int64_t id, int64_t* out) {
+  return guarded("count changed", [&] {
+    require_out(out, "out");
+    *out = dualemb::get_table(id)->count_changed();
+  });
+}
+
+int de_export_changed(int64_t id, int64_t* cursor, int64_t limit, int32_t key_dtype, void* keys,
+                      void* values, void* slots, int32_t num_slots, int64_t* last_update,
+                      int64_t* update_count, int64_t* out_n) {
+  return guarded("export changed", [&] {
+    require_out(cursor, "cursor");
+    const int64_t n = dualemb::get_table(id)->export_changed(
+        cursor, limit, key_dtype, keys, values, slots, num_slots, last_update, update_count);
+    if (out_n) *out_n = n;
+  });
+}
+
+int de_capture_evicted(int64_t id, int32_t mode) {
+  return guarded("capture evicted", [&] { dualemb::get_table(id)->capture_evicted(mode); });
+}
+
+int de_take_evicted(int64_t id, int64_t limit, int32_t key_dtype, void* keys, void* values,
+                    void* slots, int32_t num_slots, int64_t* last_update, int64_t* update_count,
+                    int64_t* out_n, int64_t* remaining) {
+  return guarded("take evicted", [&] {
+    const int64_t n = dualemb::get_table(id)->take_evicted(
+        limit, key_dtype, keys, values, slots, num_slots, last_update, update_count, remaining);
+    if (out_n) *out_n = n;
+  });
+}
+
 int de_get_clock(int64_t id, int64_t* out) {
   return guarded("clock", [&] {
     require_out(out, "out"); *out = dualemb::get_table(id)->clock(); });

@@ -233,6 +233,37 @@ DE_API int de_get_clock(int64_t id, int64_t* out);
 DE_API int de_set_clock(int64_t id, int64_t clock);
 // Total keys evicted by the capacity limit since creation.
 DE_API int de_evicted_total(int64_t id, int64_t* out);
+
+// Change tracking (delta checkpoints; csrc/core/change_tracking.h). Every write (insert,
+// insert_or_assign, accum, optimizer step, import, a change of optimizer) stamps the rows it
+// writes with the table's write generation. de_changes_begin moves the generation on and returns
+// it as a token (> 0), or 0 for a backend that does not track changes (then committing 0 does
+// nothing); de_changes_commit(token, label) makes it the mark, naming the checkpoint it stands
+// for (label: NUL-terminated, at most 256 bytes). Rows "changed since the mark" are those stamped
+// at or after the committed token: a save that calls begin, writes, and commits only once
+// published never loses a change. de_changes_label writes the label (NUL-terminated; *len its
+// length without the NUL; capacity >= 257 always suffices; "" before the first commit).
+// de_count_changed / de_export_changed are de_export over the changed rows: *cursor (0 at first)
+// is a row position that the call moves past the rows it scanned; *out_n receives the rows
+// written (fewer than limit only at the end, or, for string keys, when a key did not fit).
+// Backends without tracking (Redis) fail these with a message naming the reason.
+DE_API int de_changes_begin(int64_t id, int64_t* token);
+DE_API int de_changes_commit(int64_t id, int64_t token, const char* label);
+DE_API int de_changes_label(int64_t id, char* label, int64_t capacity, int64_t* len);
+DE_API int de_count_changed(int64_t id, int64_t* out);
+DE_API int de_export_changed(int64_t id, int64_t* cursor, int64_t limit, int32_t key_dtype,
+                             void* keys, void* values, void* slots, int32_t num_slots,
+                             int64_t* last_update, int64_t* update_count, int64_t* out_n);
+// Evicted-row capture: with mode 1 (keys and metadata) or 2 (also the rows: values and slots),
+// every row a capacity eviction or de_restrict removes is kept until taken; mode 0 stops (each
+// call drops what was kept). de_take_evicted hands over the oldest up to `limit` kept rows (any
+// output may be NULL; values and slots only with mode 2, slots sized for num_slots like
+// de_export) and forgets them; *out_n the rows written, *remaining (may be NULL) those still
+// kept. In-memory tables with int64/int32 keys and numeric values only; others refuse mode != 0.
+DE_API int de_capture_evicted(int64_t id, int32_t mode);
+DE_API int de_take_evicted(int64_t id, int64_t limit, int32_t key_dtype, void* keys, void* values,
+                           void* slots, int32_t num_slots, int64_t* last_update,
+                           int64_t* update_count, int64_t* out_n, int64_t* remaining);
 // Bytes of memory the table's rows, slots, metadata and index occupy (and a string-valued
 // table's strings with their pool). clear() and erasing give
 // memory back to the OS at once (row chunks are freed as they empty, keeping one spare chunk

@@ -24,8 +24,18 @@ struct RowMeta {
   int64_t key;
   int64_t last_update;
   uint32_t count;
-  uint32_t unused;
+  uint32_t unused;  // low 31 bits: the change generation (below); bit 31 is left to others
 };
+
+// Change tracking (delta checkpoints, table.h): every write stamps the row with the table's
+// current write generation, in the low 31 bits of RowMeta::unused, beside the last_update it
+// writes anyway (same cache line: the stamp costs one store). Only these accessors touch them,
+// and they keep bit 31 as it is.
+constexpr uint32_t kChangeGenMask = 0x7FFFFFFFu;
+inline uint32_t change_gen(const RowMeta& m) { return m.unused & kChangeGenMask; }
+inline void set_change_gen(RowMeta& m, uint32_t gen) {
+  m.unused = (m.unused & ~kChangeGenMask) | (gen & kChangeGenMask);
+}
 
 class RowStore {
  public:

@@ -292,17 +292,16 @@ int64_t StringKeyTable::restrict_rows(int64_t num_reserved, RestrictBy by, const
   return removed;
 }
 
-int64_t StringKeyTable::export_rows(int64_t offset, int64_t limit, de_string_keys_out* out,
-                                    void* values, void* slots, int slots_given,
-                                    int64_t* last_update, int64_t* update_count) const {
+template <class Export>
+int64_t StringKeyTable::export_strings(int64_t limit, de_string_keys_out* out,
+                                       Export&& export_ids) const {
   if (!out->offsets) throw std::invalid_argument("string keys out: offsets pointer is null");
   if (out->capacity < 0) throw std::invalid_argument("string keys out: negative capacity");
   if (out->capacity > 0 && !out->bytes)
     throw std::invalid_argument("string keys out: bytes pointer is null");
   Shared lock(map_.mutex());
   std::vector<int64_t> ids(static_cast<size_t>(std::min<int64_t>(limit, rows_.size())));
-  const int64_t got = rows_.export_rows(offset, static_cast<int64_t>(ids.size()), ids.data(),
-                                        values, slots, slots_given, last_update, update_count);
+  const int64_t got = export_ids(ids);
   int64_t used = 0, written = 0;
   out->offsets[0] = 0;
   out->needed = 0;
@@ -317,6 +316,35 @@ int64_t StringKeyTable::export_rows(int64_t offset, int64_t limit, de_string_key
     if (len) std::memcpy(out->bytes + used, s->data(), static_cast<size_t>(len));
     used += len;
     out->offsets[written + 1] = used;
+  }
+  return written;
+}
+
+int64_t StringKeyTable::export_rows(int64_t offset, int64_t limit, de_string_keys_out* out,
+                                    void* values, void* slots, int slots_given,
+                                    int64_t* last_update, int64_t* update_count) const {
+  return export_strings(limit, out, [&](std::vector<int64_t>& ids) {
+    return rows_.export_rows(offset, static_cast<int64_t>(ids.size()), ids.data(), values, slots,
+                             slots_given, last_update, update_count);
+  });
+}
+
+// A page that ends early (a key did not fit) must not skip the rows it did not write: the cursor
+// then moves only past the rows written, found by exporting again up to the last one.
+int64_t StringKeyTable::export_changed(int64_t* cursor, int64_t limit, de_string_keys_out* out,
+                                       void* values, void* slots, int slots_given,
+                                       int64_t* last_update, int64_t* update_count) const {
+  const int64_t start = *cursor;
+  int64_t got = 0;
+  const int64_t written = export_strings(limit, out, [&](std::vector<int64_t>& ids) {
+    got = rows_.export_changed(cursor, static_cast<int64_t>(ids.size()), ids.data(), values, slots,
+                               slots_given, last_update, update_count);
+    return got;
+  });
+  if (written < got) {
+    *cursor = start;
+    std::vector<int64_t> ids(static_cast<size_t>(written));
+    rows_.export_changed(cursor, written, ids.data(), nullptr, nullptr, -1, nullptr, nullptr);
   }
   return written;
 }

@@ -38,12 +38,19 @@ class StringKeyTable {
   int64_t export_rows(int64_t offset, int64_t limit, de_string_keys_out* keys, void* values,
                       void* slots, int slots_given, int64_t* last_update,
                       int64_t* update_count) const;
+  // export_rows over the rows changed since the mark (storage.h: export_changed).
+  int64_t export_changed(int64_t* cursor, int64_t limit, de_string_keys_out* keys, void* values,
+                         void* slots, int slots_given, int64_t* last_update,
+                         int64_t* update_count) const;
   int64_t import_rows(const void* keys, int64_t n, const void* values, const void* slots,
                       int slots_given, const int64_t* last_update, const int64_t* update_count);
   void initial_values(const void* keys, int64_t n, void* values) const;
   void stats(int64_t* entries, int64_t* key_bytes) const;
 
  private:
+  // Runs export(ids) -> rows written (under the map's shared lock) and writes their strings.
+  template <class Export>
+  int64_t export_strings(int64_t limit, de_string_keys_out* out, Export&& export_ids) const;
   template <class Write>
   int64_t write_adding(const void* keys, int64_t n, Write&& write);
 

@@ -59,6 +59,17 @@ class StringValueStorage final : public Storage {
   // The default row for every key (the initializer's strings).
   void initial_values(const int64_t* keys, int64_t n, void* values) const override;
 
+  // Change tracking: the backend's (the handles are its rows); evicted capture is refused.
+  int64_t changes_begin() override { return rows_->changes_begin(); }
+  void changes_commit(int64_t token, const std::string& label) override {
+    rows_->changes_commit(token, label);
+  }
+  std::string changes_label() const override { return rows_->changes_label(); }
+  int64_t count_changed() const override { return rows_->count_changed(); }
+  int64_t export_changed(int64_t* cursor, int64_t limit, int64_t* keys, void* values, void* slots,
+                         int slots_given, int64_t* last_update,
+                         int64_t* update_count) const override;
+
   int64_t clock() const override { return rows_->clock(); }
   void set_clock(int64_t c) override { rows_->set_clock(c); }
   int64_t evicted_total() const override { return rows_->evicted_total(); }

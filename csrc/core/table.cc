@@ -100,6 +100,12 @@ void Table::set_optimizer(const std::string& spec) {
   optimizer_ = std::move(opt);
   // Same optimizer, numbers compared by value: {"epsilon": 0} equals {"epsilon": 0.0}.
   bool same = old && optimizer_ && same_json(old->spec(), optimizer_->spec());
+  if (old_slots != new_slots && evicted_.mode == 2 && evicted_.size() > 0) {
+    optimizer_ = std::move(old);
+    throw std::invalid_argument(
+        "set_optimizer: captured evicted rows (with their slots) are waiting; take them "
+        "(take_evicted) before changing the slot count");
+  }
   if (old_slots != new_slots || !same) {
     try {
       rebuild_rows(dim_ * (1 + new_slots));
@@ -134,6 +140,11 @@ void Table::rebuild_rows(int64_t new_width) {
     fresh.push_back(std::move(r));
   }
   for (size_t s = 0; s < shards_.size(); ++s) shards_[s]->rows = std::move(fresh[s]);
+  // Every row's slots were re-initialised: every row changed. (Capture rows take the new width.)
+  for (auto& sp : shards_)
+    for (int64_t i = 0; i < sp->rows.size(); ++i)
+      set_change_gen(sp->rows.meta(i), changes_.write_gen);
+  if (evicted_.mode == 2) evicted_.row_bytes = new_width * static_cast<int64_t>(value_size_);
 }
 
 void Table::group_by_shard(const int64_t* keys, int64_t n, Grouping* g) const {
@@ -246,6 +257,8 @@ int64_t Table::insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp) {
   s.rows.meta(r).key = key;
   s.rows.meta(r).last_update = stamp;
   s.rows.meta(r).count = 0;
+  s.rows.meta(r).unused = 0;
+  set_change_gen(s.rows.meta(r), changes_.write_gen);
   init_slots(s.rows.row(r));
   return r;
 }
@@ -341,6 +354,7 @@ int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const void* valu
     if (r < 0) r = insert_new(s, keys[i], h, stamp);
     std::memcpy(s.rows.row(r), values + i * rb, rb);
     s.rows.meta(r).last_update = stamp;
+    set_change_gen(s.rows.meta(r), changes_.write_gen);
     bump_count(s.rows.meta(r).count);
   });
   return enforce_capacity();
@@ -386,6 +400,7 @@ int64_t Table::accum_impl(const int64_t* keys, int64_t n, const void* rows_in,
         return;
     }
     s.rows.meta(r).last_update = stamp;
+    set_change_gen(s.rows.meta(r), changes_.write_gen);
     bump_count(s.rows.meta(r).count);
   });
   return enforce_capacity();
@@ -490,6 +505,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
   });
   prepare_inserts(g, n);
   const int64_t stamp = ++clock_;
+  const uint32_t gen = changes_.write_gen;
   auto dedup = [&](int si, Shard& s, int64_t i, uint64_t h, int64_t r) {
     Work& w = work[si];
     if (!w.ready) {
@@ -532,6 +548,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
         opt.apply(row, row + dim_, d.sum_at < 0 ? d.grad : summed + d.sum_at, dim_, args);
         RowMeta& meta = s.rows.meta(d.row);
         meta.last_update = stamp;
+        set_change_gen(meta, gen);
         bump_count(meta.count);
       }
     } else {
@@ -545,6 +562,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
         floats_to_values(value_dtype_, scratch, row, width);
         RowMeta& meta = s.rows.meta(d.row);
         meta.last_update = stamp;
+        set_change_gen(meta, gen);
         bump_count(meta.count);
       }
     }
@@ -589,6 +607,7 @@ int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_
       for (int64_t r = 0; r < s->rows.size(); ++r) all.push_back(rank(*s, r));
   }
   const RestrictCut cut(all, num_reserved);
+  evicted_.reserve_more(total - num_reserved);  // before the first erase: capture cannot fail
   // Give a large ranking buffer back; keep a small one for the next capacity write.
   if (all.capacity() > (size_t(1) << 16)) std::vector<Ranked>().swap(all);
   int64_t removed = 0;
@@ -597,6 +616,7 @@ int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_
     // Walk backwards: erase_row moves the last row (already decided: kept) into the hole.
     for (int64_t r = s.rows.size() - 1; r >= 0; --r) {
       if (cut.keeps_none() || !cut.keeps(rank(s, r))) {
+        if (evicted_.mode) evicted_.add(s.rows.meta(r), s.rows.row(r));
         erase_row(s, r);
         ++removed;
       }
@@ -658,9 +678,106 @@ int64_t Table::import_rows(const int64_t* keys, int64_t n, const void* values_in
     if (slots && ns) std::memcpy(row + rb, slots + i * ns * rb, rb * ns);
     s.rows.meta(r).last_update = last_update ? last_update[i] : stamp;
     s.rows.meta(r).count = update_count ? imported_count(update_count[i]) : 0;
+    set_change_gen(s.rows.meta(r), changes_.write_gen);
   });
   if (last_update) clock_ = clock_after_import(clock_, last_update, n);
   return enforce_capacity();
+}
+
+int64_t Table::changes_begin() {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  return changes_.begin();
+}
+
+void Table::changes_commit(int64_t token, const std::string& label) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  changes_.commit(token, label);
+}
+
+std::string Table::changes_label() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  return changes_.label;
+}
+
+int64_t Table::count_changed() const {
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  int64_t n = 0;
+  for (const auto& sp : shards_)
+    for (int64_t r = 0; r < sp->rows.size(); ++r) n += changes_.changed(sp->rows.meta(r));
+  return n;
+}
+
+int64_t Table::export_changed(int64_t* cursor, int64_t limit, int64_t* keys, void* values_out,
+                              void* slots_out, int slots_given, int64_t* last_update,
+                              int64_t* update_count) const {
+  if (*cursor < 0 || limit < 0) throw std::invalid_argument("cursor and limit must be >= 0");
+  unsigned char* values = static_cast<unsigned char*>(values_out);
+  unsigned char* slots = static_cast<unsigned char*>(slots_out);
+  const size_t rb = row_bytes();
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  const int64_t ns = num_slots();
+  check_slot_count(slots_given, static_cast<int>(ns));
+  int64_t written = 0, base = 0, pos = *cursor;
+  for (const auto& sp : shards_) {
+    const RowStore& rows = sp->rows;
+    const int64_t sz = rows.size();
+    if (pos >= base + sz) {
+      base += sz;
+      continue;
+    }
+    for (int64_t r = pos - base; r < sz && written < limit; ++r, ++pos) {
+      const RowMeta& m = rows.meta(r);
+      if (!changes_.changed(m)) continue;
+      const unsigned char* row = rows.row(r);
+      if (keys) keys[written] = m.key;
+      if (values) std::memcpy(values + written * rb, row, rb);
+      if (slots && ns) std::memcpy(slots + written * ns * rb, row + rb, rb * ns);
+      if (last_update) last_update[written] = m.last_update;
+      if (update_count) update_count[written] = m.count;
+      ++written;
+    }
+    if (written >= limit) break;
+    base += sz;
+  }
+  *cursor = pos;
+  return written;
+}
+
+void Table::capture_evicted(int mode) {
+  if (mode < 0 || mode > 2)
+    throw std::invalid_argument("capture_evicted: mode must be 0 (off), 1 (keys) or 2 (rows)");
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  evicted_.reset(mode, width() * static_cast<int64_t>(value_size_));
+}
+
+int64_t Table::take_evicted(int64_t limit, int64_t* keys, void* values_out, void* slots_out,
+                            int slots_given, int64_t* last_update, int64_t* update_count,
+                            int64_t* remaining) {
+  if (limit < 0) throw std::invalid_argument("limit must be >= 0");
+  unsigned char* values = static_cast<unsigned char*>(values_out);
+  unsigned char* slots = static_cast<unsigned char*>(slots_out);
+  const size_t rb = row_bytes();
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  const int64_t ns = num_slots();
+  check_slot_count(slots_given, static_cast<int>(ns));
+  if ((values || (slots && ns)) && evicted_.mode != 2)
+    throw std::invalid_argument("take_evicted: rows were not captured (capture mode 2 keeps them)");
+  const int64_t m = std::min(limit, evicted_.size());
+  for (int64_t i = 0; i < m; ++i) {
+    if (keys) keys[i] = evicted_.keys[i];
+    if (last_update) last_update[i] = evicted_.last_update[i];
+    if (update_count) update_count[i] = evicted_.update_count[i];
+    const unsigned char* row = evicted_.rows.data() + i * evicted_.row_bytes;
+    if (values) std::memcpy(values + i * rb, row, rb);
+    if (slots && ns) std::memcpy(slots + i * ns * rb, row + rb, rb * ns);
+  }
+  evicted_.keys.erase(evicted_.keys.begin(), evicted_.keys.begin() + m);
+  evicted_.last_update.erase(evicted_.last_update.begin(), evicted_.last_update.begin() + m);
+  evicted_.update_count.erase(evicted_.update_count.begin(), evicted_.update_count.begin() + m);
+  if (evicted_.mode == 2)
+    evicted_.rows.erase(evicted_.rows.begin(), evicted_.rows.begin() + m * evicted_.row_bytes);
+  if (remaining) *remaining = evicted_.size();
+  return m;
 }
 
 size_t Table::memory_bytes() const {

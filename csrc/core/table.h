@@ -15,6 +15,7 @@
 #include <functional>
 #include <vector>
 
+#include "change_tracking.h"
 #include "hash.h"
 #include "key_index.h"
 #include "optimizer.h"
@@ -68,6 +69,18 @@ class Table final : public Storage {
                       int slots_given, const int64_t* last_update,
                       const int64_t* update_count) override;
   void initial_values(const int64_t* keys, int64_t n, void* values) const override;
+
+  // Change tracking and evicted-row capture (change_tracking.h, storage.h).
+  int64_t changes_begin() override;
+  void changes_commit(int64_t token, const std::string& label) override;
+  std::string changes_label() const override;
+  int64_t count_changed() const override;
+  int64_t export_changed(int64_t* cursor, int64_t limit, int64_t* keys, void* values, void* slots,
+                         int slots_given, int64_t* last_update,
+                         int64_t* update_count) const override;
+  void capture_evicted(int mode) override;
+  int64_t take_evicted(int64_t limit, int64_t* keys, void* values, void* slots, int slots_given,
+                       int64_t* last_update, int64_t* update_count, int64_t* remaining) override;
 
   int64_t clock() const override { return clock_.load(); }
   void set_clock(int64_t c) override { clock_.store(c); }
@@ -144,6 +157,8 @@ class Table final : public Storage {
   std::atomic<int64_t> clock_{0};
   std::atomic<int64_t> evicted_total_{0};
   std::vector<Ranked> evict_scratch_;  // restrict's ranking buffer; guarded by mu_ (exclusive)
+  ChangeMark changes_;        // guarded by mu_; write_gen is stamped by every write
+  EvictedCapture evicted_;    // guarded by mu_ (exclusive)
 };
 
 }  // namespace dualemb

@@ -93,6 +93,23 @@ class TableFacade {
                       int32_t num_slots, const int64_t* last_update, const int64_t* update_count);
   void initial_values(const KeyBatch& keys, void* values) const;
 
+  // Change tracking (change_tracking.h) and evicted-row capture; the backend's, refused where it
+  // has none. export_changed takes its keys buffer like export_rows.
+  int64_t changes_begin() { return rows_->changes_begin(); }
+  void changes_commit(int64_t token, const std::string& label) {
+    rows_->changes_commit(token, label);
+  }
+  std::string changes_label() const { return rows_->changes_label(); }
+  int64_t count_changed() const { return rows_->count_changed(); }
+  int64_t export_changed(int64_t* cursor, int64_t limit, int32_t key_dtype, void* keys,
+                         void* values, void* slots, int32_t num_slots, int64_t* last_update,
+                         int64_t* update_count) const;
+  // Refused for string keys and string values (their strings leave with the rows).
+  void capture_evicted(int mode);
+  int64_t take_evicted(int64_t limit, int32_t key_dtype, void* keys, void* values, void* slots,
+                       int32_t num_slots, int64_t* last_update, int64_t* update_count,
+                       int64_t* remaining);
+
   int64_t clock() const { return rows_->clock(); }
   void set_clock(int64_t c) { rows_->set_clock(c); }
   int64_t evicted_total() const { return rows_->evicted_total(); }

@@ -5,10 +5,12 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "changes.h"
 #include "core_errors.h"
 #include "dualemb_core.h"
 #include "string_keys.h"
@@ -127,6 +129,7 @@ PYBIND11_MODULE(_core, m) {
 
   m.def("version", [] { return std::string(de_version()); });
   dualemb_py::bind_string_keys(m);
+  dualemb_py::bind_changes(m);
   m.def("create", [](int64_t id, const std::string& config) {
     int64_t out;
     check(de_table_create(id, config.c_str(), &out));
@@ -298,14 +301,19 @@ PYBIND11_MODULE(_core, m) {
     check(rc);
     return removed;
   });
-  m.def("export_page", [](int64_t id, int64_t offset, py::array keys, py::array values,
+  // values may be None (keys and metadata alone: no copy of the rows).
+  m.def("export_page", [](int64_t id, int64_t offset, py::array keys, py::object values,
                           py::object slots, py::object last_update, py::object update_count) {
     int64_t limit = keys.size();
     KeyView k = key_view(keys);
     if (!keys.writeable()) throw py::value_error("keys buffer must be writable");
     RowFormat f = row_format(id);
     const int64_t dim = f.dim;
-    dualemb_py::RowsOut v(values, limit * dim, f.value_dtype, "values");
+    std::unique_ptr<dualemb_py::RowsOut> v;
+    if (!values.is_none()) {
+      py::array a = values.cast<py::array>();
+      v.reset(new dualemb_py::RowsOut(a, limit * dim, f.value_dtype, "values"));
+    }
     void* sl = nullptr;
     int32_t ns = 0;
     int64_t* lu = nullptr;
@@ -321,11 +329,11 @@ PYBIND11_MODULE(_core, m) {
     int rc;
     {
       py::gil_scoped_release release;
-      rc = de_export(id, offset, limit, k.dtype, const_cast<void*>(k.ptr), v.ptr(), sl, ns, lu, uc,
-                     &n);
+      rc = de_export(id, offset, limit, k.dtype, const_cast<void*>(k.ptr), v ? v->ptr() : nullptr,
+                     sl, ns, lu, uc, &n);
     }
     check(rc);
-    v.fill(n * dim);
+    if (v) v->fill(n * dim);
     return n;
   });
   m.def("import_rows", [](int64_t id, py::array keys, py::array values, py::object slots,

@@ -52,6 +52,7 @@ import numpy as np
 
 from dualemb._native import load_extension
 from dualemb.core import _string_keys
+from dualemb.core._table_changes import ChangeTracking
 from dualemb.core import initializers as _inits
 from dualemb.core import optimizers as _opts
 from dualemb.core import value_dtypes as _vd
@@ -110,7 +111,7 @@ def _initializer_members(initializer, value_dtype: str) -> dict:
     return _inits.canonical(initializer)
 
 
-class Table:
+class Table(ChangeTracking):
     """A dynamic embedding table in the process-wide registry of libdualemb_core.
 
     Args:
@@ -468,8 +469,7 @@ class Table:
             out[:] = keys
             return out
         keys = np.empty(limit, self._key_dtype)
-        n = _core.export_page(self._id, offset, keys,
-                              np.empty((limit, self._dim), self._value_dtype), None, None, None)
+        n = _core.export_page(self._id, offset, keys, None, None, None, None)
         return keys[:n]
 
     def export_pages(self, page_size: int = 1 << 16) -> Iterator[dict]:

@@ -33,11 +33,13 @@ from dualemb.jax import initializers, optimizers
 from dualemb.jax.ids import Ids, ids, string_ids
 from dualemb.jax.ops import (accum, after, erase, export, find, find_or_insert, insert, lookup,
                              size)
-from dualemb.jax.table import Table, attach, block, create, destroy, evicted_total
+from dualemb.jax.table import (Table, attach, block, capture_evicted, create, destroy,
+                               evicted_total, take_evicted)
 from dualemb.jax.train import apply_gradients
 
 __all__ = [
-    "Table", "create", "attach", "destroy", "block", "evicted_total",
+    "Table", "create", "attach", "destroy", "block", "evicted_total", "capture_evicted",
+    "take_evicted",
     "Ids", "ids", "string_ids",
     "lookup", "find", "size", "export",
     "find_or_insert", "insert", "accum", "erase", "after",

@@ -70,17 +70,21 @@ def collect(tables) -> tuple[dict, dict, dict]:
     return core, steps, meta
 
 
-def save(tables, path, *, dense: Mapping | None = None, metadata: dict | None = None) -> None:
+def save(tables, path, *, dense: Mapping | None = None, metadata: dict | None = None,
+         base=None) -> None:
     """Saves a table (or a mapping name -> table) to ``path`` in the common format, atomically.
 
     Waits for every pending write to the tables first. ``dense`` (name -> array) and
     ``metadata`` (a JSON dict) are stored beside them. A single table is saved as "table".
+    With ``base`` (a checkpoint the tables were last saved to or loaded from), writes a delta:
+    the rows written since, and tombstones (docs/checkpoint_format.md §10); ``load`` follows the
+    chain.
     """
     core, steps, meta = collect(tables)
     md = dict(metadata or {})
     md[META_KEY] = meta
     dense_np = None if dense is None else {k: np.asarray(v) for k, v in dense.items()}
-    _ckpt.save(path, core, steps=steps, dense=dense_np, metadata=md)
+    _ckpt.save(path, core, steps=steps, dense=dense_np, metadata=md, base=base)
 
 
 def table_names(path) -> list[str]:

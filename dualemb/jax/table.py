@@ -393,3 +393,22 @@ def evicted_total(table: Table) -> int:
     block(table)
     check_exists(table)
     return int(_core_module().evicted_total(int(table.id)))
+
+
+def capture_evicted(table: Table, enabled: bool = True, *, rows: bool = False) -> None:
+    """From now on keeps the keys (with ``rows=True`` also the values and optimizer slots) that
+    the table's capacity limit evicts or a restrict removes, for :func:`take_evicted`: JAX writes
+    return the next table, not the evicted keys, so they are collected in the core until taken.
+    Each call drops what was kept; ``enabled=False`` stops. Int keys, numeric values only."""
+    if not isinstance(table, Table):
+        raise TypeError(f"expected a dualemb.jax.Table, got {type(table).__name__}")
+    table.core().capture_evicted(enabled, rows=rows)
+
+
+def take_evicted(table: Table) -> dict:
+    """The rows evicted since :func:`capture_evicted` or the last take, oldest first, as numpy
+    arrays: ``keys``, ``last_update``, ``update_count`` (and ``values``, ``slots`` when capturing
+    rows); they are forgotten. Waits for the writes this handle depends on."""
+    if not isinstance(table, Table):
+        raise TypeError(f"expected a dualemb.jax.Table, got {type(table).__name__}")
+    return table.core().take_evicted()

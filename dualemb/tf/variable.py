@@ -381,6 +381,21 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         gives no way to return a count from). Read on the host, eagerly."""
         return sum(Table.attach(shard.table_id).evicted_total for shard in self._tables)
 
+    def capture_evicted(self, enabled: bool = True, *, rows: bool = False) -> None:
+        """From now on keeps the keys (with ``rows=True`` also values and optimizer slots) that
+        capacity limits evict or ``restrict`` removes from this Variable's tables, for
+        ``take_evicted`` (optimizer steps cannot return them). Each call drops what was kept;
+        ``enabled=False`` stops. Local shards with int keys and numeric values; eagerly."""
+        for shard in self._tables:
+            Table.attach(shard.table_id).capture_evicted(enabled, rows=rows)
+
+    def take_evicted(self) -> dict:
+        """The rows evicted since ``capture_evicted`` or the last take, as numpy arrays: ``keys``,
+        ``last_update``, ``update_count`` (and ``values``, ``slots`` when capturing rows), shard
+        by shard, oldest first within a shard; they are forgotten. Read on the host, eagerly."""
+        parts = [Table.attach(shard.table_id).take_evicted() for shard in self._tables]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
     def remove(self, keys, name=None):
         """Erases ``keys`` (absent keys are ignored) with their slots."""
         keys = self._router.check_keys(keys)

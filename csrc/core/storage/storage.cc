@@ -1,6 +1,7 @@
 // storage.cc — the defaults that backends may override.
 #include "storage/storage.h"
 
+#include <stdexcept>
 #include <vector>
 
 #include "value_dtype.h"
@@ -14,6 +15,39 @@ int64_t Storage::accum_rows(const int64_t* keys, int64_t n, const void* old_valu
                                     static_cast<size_t>(dim()) * static_cast<size_t>(n));
   accum_deltas(value_dtype(), old_values, new_values, exists, n, dim(), deltas.data());
   return accum(keys, n, deltas.data(), exists);
+}
+
+namespace {
+
+[[noreturn]] void no_change_tracking() {
+  throw std::invalid_argument(
+      "this table's storage backend does not track which rows changed (only the in-memory "
+      "backend does), so it cannot be saved as a delta checkpoint; save a full checkpoint");
+}
+
+[[noreturn]] void no_evicted_capture() {
+  throw std::invalid_argument(
+      "this table's storage backend cannot hand over evicted rows (only the in-memory backend "
+      "with int64/int32 keys and numeric values can)");
+}
+
+}  // namespace
+
+void Storage::changes_commit(int64_t token, const std::string&) {
+  if (token != 0) no_change_tracking();
+}
+std::string Storage::changes_label() const { no_change_tracking(); }
+int64_t Storage::count_changed() const { no_change_tracking(); }
+int64_t Storage::export_changed(int64_t*, int64_t, int64_t*, void*, void*, int, int64_t*,
+                                int64_t*) const {
+  no_change_tracking();
+}
+void Storage::capture_evicted(int mode) {
+  if (mode != 0) no_evicted_capture();
+}
+int64_t Storage::take_evicted(int64_t, int64_t*, void*, void*, int, int64_t*, int64_t*,
+                              int64_t*) {
+  no_evicted_capture();
 }
 
 }  // namespace dualemb

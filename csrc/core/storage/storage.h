@@ -66,6 +66,27 @@ class Storage {
                               const int64_t* update_count) = 0;
   virtual void initial_values(const int64_t* keys, int64_t n, void* values) const = 0;
 
+  // Change tracking (change_tracking.h: ChangeMark) for delta checkpoints. A backend without it
+  // keeps these defaults: changes_begin returns 0 (nothing tracked; committing 0 does nothing,
+  // so full saves work everywhere) and the others throw, naming the reason.
+  virtual int64_t changes_begin() { return 0; }
+  virtual void changes_commit(int64_t token, const std::string& label);
+  virtual std::string changes_label() const;
+  virtual int64_t count_changed() const;
+  // export_rows over the rows changed since the mark: scans from row position *cursor (0 at
+  // first) and writes up to `limit` changed rows; *cursor moves past the last row scanned. Stable
+  // while the table is not modified, like export_rows.
+  virtual int64_t export_changed(int64_t* cursor, int64_t limit, int64_t* keys, void* values,
+                                 void* slots, int slots_given, int64_t* last_update,
+                                 int64_t* update_count) const;
+  // Evicted-row capture (change_tracking.h: EvictedCapture): mode 0 off, 1 keys and metadata,
+  // 2 with the rows; take_evicted hands over (and forgets) the oldest `limit` captured rows and
+  // sets *remaining to those left. The defaults refuse, naming the reason.
+  virtual void capture_evicted(int mode);
+  virtual int64_t take_evicted(int64_t limit, int64_t* keys, void* values, void* slots,
+                               int slots_given, int64_t* last_update, int64_t* update_count,
+                               int64_t* remaining);
+
   virtual int64_t clock() const = 0;
   virtual void set_clock(int64_t c) = 0;
   virtual int64_t evicted_total() const = 0;

@@ -7,6 +7,8 @@ write and read, with tables (optimizer slots included), dense parameters and met
     ckpt = checkpoint.load(path, {"user": table, "item": [live0, live1, live2]})
     ckpt = checkpoint.load(path)          # fresh tables from the manifest
     checkpoint.read_manifest(path); checkpoint.load_dense(path)
+    checkpoint.save(path2, tables, steps=200, base=path)  # a delta: rows written since `path`
+    checkpoint.compact(path2, path3)      # a delta chain as one full checkpoint
 
 Every ``path`` may be a local directory or the URL of an object store (``gs://bucket/ckpt``,
 ``s3://bucket/ckpt``, any fsspec URL; the ``object-store`` extra): there a save writes a fresh
@@ -24,8 +26,9 @@ from dualemb.core.checkpoint._load import Subset, load, load_dense, read_manifes
 from dualemb.core.checkpoint._manifest import FORMAT, VERSION, CheckpointError
 from dualemb.core.checkpoint._result import Checkpoint
 from dualemb.core.checkpoint._save import save
+from dualemb.core.checkpoint._compact import compact
 from dualemb.core.checkpoint import _parts as parts  # one checkpoint written by several processes
 
 
-__all__ = ["save", "load", "read_manifest", "load_dense", "Checkpoint", "CheckpointError",
+__all__ = ["save", "load", "compact", "read_manifest", "load_dense", "Checkpoint", "CheckpointError",
            "Subset", "parts", "FORMAT", "VERSION"]

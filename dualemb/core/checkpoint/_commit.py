@@ -20,9 +20,8 @@ strategy's all-reduce, a JAX job ``multihost_utils.process_allgather``, one proc
    writer whether the checkpoint was published, so none returns before it exists and all raise
    if it does not (each its own error, or one naming the failure elsewhere).
 
-What is written is the caller's: the tables' shards (``_parts.py``) today; a delta checkpoint
-(rows since a base, tombstones) would pass its own ``write`` and ``manifest`` to the same
-protocol.
+What is written is the caller's: the tables' shards (``_parts.py``), or a delta checkpoint's
+changed rows and tombstones (``_delta.py``), each passing its own ``write`` and ``manifest``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from dualemb.core.checkpoint import _fs, _manifest
+from dualemb.core.checkpoint import _delta, _fs, _manifest
 from dualemb.core.checkpoint import _string_keys as _skeys
 from dualemb.core.checkpoint import _string_values as _svals
 from dualemb.core.checkpoint._manifest import (KEY_DTYPES, META_TENSORS, SLOT_PREFIX,
@@ -101,6 +101,10 @@ class _Job:
         self.set_optimizer = []  # live shards that get the saved optimizer attached
         self.clock = max([int(s.get("clock", 0)) for s in entry["shards"]] + [0])
         self.partitioner = _default_partitioner
+        # A delta's chain, newest first: (root, entry, readers, shadow) per checkpoint; a layer's
+        # rows whose keys are in its shadow (rewritten or tombstoned by a newer layer) are
+        # skipped. One layer with no shadow for a full checkpoint.
+        self.layers: list = []
 
     def close(self):
         for r in self.readers:
@@ -169,8 +173,9 @@ def _validate_optimizer(job: _Job, table_cls) -> None:
         scratch.destroy()
 
 
-def _open_and_check(job: _Job, root: str) -> None:
-    e = job.entry
+def _open_and_check(job: _Job, root: str, e: dict) -> list:
+    """Opens the shard files of entry `e` (checked against it); returns their readers."""
+    readers = []
     want = _expected_tensors(e)
     for j, s in enumerate(e["shards"]):
         label = f"table {job.name!r} shard {j}"
@@ -190,7 +195,9 @@ def _open_and_check(job: _Job, root: str) -> None:
             if t["dtype"] != code or t["shape"] != shape:
                 raise CheckpointError(f"{label}: tensor {tname!r} is {t['dtype']} {t['shape']}, "
                                       f"expected {code} {shape}")
-        job.readers.append(Reader(os.path.join(root, s["file"]), s, label))
+        readers.append(Reader(os.path.join(root, s["file"]), s, label))
+        job.readers.append(readers[-1])
+    return readers
 
 
 def _verify_all(jobs: list, pool: ThreadPoolExecutor) -> None:
@@ -221,7 +228,8 @@ def _verify_all(jobs: list, pool: ThreadPoolExecutor) -> None:
                     sid = _route(job.partitioner, keys, job.num_live, job.name)
                 counts[:] += np.bincount(sid[sid >= 0], minlength=job.num_live)
 
-        crc = r.crc_range(tname, lo, hi, buf, on_chunk if tname == "keys" else None)
+        counting = tname == "keys" and len(job.layers) == 1
+        crc = r.crc_range(tname, lo, hi, buf, on_chunk if counting else None)
         return crc, counts
 
     results = list(pool.map(run, tasks))
@@ -234,8 +242,37 @@ def _verify_all(jobs: list, pool: ThreadPoolExecutor) -> None:
         for r in job.readers:
             for tname in r.entry["tensors"]:
                 r.check_crc(tname, crcs.get((id(r), tname), 0))
-        if _skeys.is_string(job.entry):
+        if len(job.layers) > 1:
+            _count_chain_routes(job)
+        elif _skeys.is_string(job.entry):
             _count_string_routes(job)
+
+
+def _count_chain_routes(job: _Job) -> None:
+    """A delta chain: builds each layer's shadow (the keys newer layers rewrote or tombstoned;
+    tombstone files verified here) and counts the rows each live shard will receive, from the
+    layers' keys (checksums already verified) minus their shadows."""
+    string = _skeys.is_string(job.entry)
+    shadow = _delta.KeySet(string)
+    layers = []
+    for root, e, readers, _ in job.layers:
+        layer_shadow = _delta.KeySet(string)
+        layer_shadow.strs, layer_shadow.ints = set(shadow.strs), shadow.ints
+        layers.append((root, e, readers, layer_shadow))
+        for r in readers:
+            keys = _delta.read_keys(r, string)
+            kept = keys[~layer_shadow.contains(keys)]
+            if job.num_live == 1 and not isinstance(job.partitioner, Subset):
+                job.counts[0] += len(kept)
+            elif len(kept):
+                sid = _route(job.partitioner, kept, job.num_live, job.name)
+                job.counts += np.bincount(sid[sid >= 0], minlength=job.num_live)
+            if e is not job.layers[-1][1]:
+                shadow.add(keys)
+        if e is not job.layers[-1][1]:
+            shadow.add(_delta.file_keys(root, e["tombstones"], string,
+                                        f"table {job.name!r} tombstones in {root}"))
+    job.layers = layers
 
 
 def _count_string_routes(job: _Job) -> None:
@@ -312,13 +349,18 @@ def _import(job: _Job, partitioner, pool: ThreadPoolExecutor) -> None:
     row_bytes = (VALUE_NUMPY[e["value_dtype"]].itemsize * e["dim"] * (1 + len(e["slot_names"]))
                  + 16 + key_np.itemsize)
     rows_per_page = max(1, PAGE_BYTES // row_bytes)
-    work = [(r, row0, min(rows_per_page, s["rows"] - row0))
-            for r, s in zip(job.readers, e["shards"]) for row0 in range(0, s["rows"], rows_per_page)]
+    work = [(r, row0, min(rows_per_page, s["rows"] - row0), shadow)
+            for _, le, readers, shadow in job.layers
+            for r, s in zip(readers, le["shards"]) for row0 in range(0, s["rows"], rows_per_page)]
     nxt = pool.submit(lambda w: _read_page(w[0], e, w[1], w[2]), work[0]) if work else None
     for i in range(len(work)):
         page = nxt.result()
         nxt = pool.submit(lambda w: _read_page(w[0], e, w[1], w[2]), work[i + 1]) \
             if i + 1 < len(work) else None
+        shadow = work[i][3]
+        if shadow is not None and len(shadow):
+            keep = ~shadow.contains(page["keys"])
+            page = {k: (None if v is None else v[keep]) for k, v in page.items()}
         try:
             _import_page(job, partitioner, page)
         except BaseException:
@@ -396,7 +438,8 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
     """
     path = _fs.normalize(path)
     root = _fs.resolve(path)
-    manifest = read_manifest_at(root)
+    manifest, digest = _manifest.read_with_digest(root)
+    layers = _delta.chain(root, manifest, digest)  # [this checkpoint] unless it is a delta
     entries = {t["name"]: t for t in manifest["tables"]}
     if tables is not None and not isinstance(tables, Mapping):
         raise TypeError(f"tables must be a mapping name -> Table (or list of shards), got "
@@ -447,7 +490,14 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
                                       "routing for strings, and a Subset partitioner cannot "
                                       "take them")
             jobs.append(job)
-            _open_and_check(job, root)
+            if len(layers) == 1:
+                job.layers = [(root, e, _open_and_check(job, root, e), None)]
+            else:
+                for (lroot, _, _), le in zip(layers, _delta.layer_entries(layers, name)):
+                    job.layers.append((lroot, le, _open_and_check(job, lroot, le), None))
+                job.clock = max(int(s.get("clock", 0)) for _, le, _, _ in job.layers
+                                for s in le["shards"]) if any(
+                    le["shards"] for _, le, _, _ in job.layers) else 0
         dense = load_dense_at(root, manifest)
         _verify_all(jobs, pool)
         _check_distinct_live(jobs)
@@ -497,6 +547,12 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
         for job in jobs:
             job.close()
 
+    # The tables now hold this checkpoint: a later delta on it holds the rows written from here.
+    for job in jobs:
+        for t in job.live:
+            token = t.changes_begin() if hasattr(t, "changes_begin") else 0
+            if token:
+                t.changes_commit(token, digest)
     out_tables = {job.name: (job.live[0] if job.single else list(job.live)) for job in jobs}
     if tables is not None:
         for job in jobs:

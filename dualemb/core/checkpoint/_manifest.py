@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import zlib
@@ -15,6 +16,11 @@ FORMAT = "dualemb-checkpoint"
 #    manifest.json is covered by MANIFEST_CHECKSUM. 1: specs converted from "name=value" text
 #    (read through dualemb.core.legacy_spec), no manifest checksum.
 VERSION = 2
+# 3: a delta checkpoint (docs/checkpoint_format.md §10): rows written since a base checkpoint
+#    and tombstones, with a `base` member. Full checkpoints are still written as version 2, so
+#    readers that predate deltas keep reading them and refuse deltas by their version.
+DELTA_VERSION = 3
+READ_VERSION = DELTA_VERSION  # the newest version this reader understands
 MANIFEST = "manifest.json"
 # {"bytes": <size of manifest.json>, "crc32": <CRC-32 of its bytes>, "file": "manifest.json"}
 MANIFEST_CHECKSUM = "manifest.crc32.json"
@@ -80,8 +86,19 @@ def _verify_checksum(root: str, data: bytes) -> bool:
     return True
 
 
+def digest(data: bytes) -> str:
+    """The identity of a checkpoint: the SHA-256 (hex) of its manifest.json bytes. A delta
+    names its base by it, and a table's change-tracking mark carries it."""
+    return hashlib.sha256(data).hexdigest()
+
+
 def read(root: str) -> dict:
     """The validated manifest of the checkpoint directory `root`, its bytes verified first."""
+    return read_with_digest(root)[0]
+
+
+def read_with_digest(root: str) -> tuple:
+    """(manifest, digest of its bytes) of the checkpoint directory `root`, from one read."""
     mpath = os.path.join(root, MANIFEST)
     try:
         data = _objects.read_bytes(mpath)  # local or object store
@@ -96,7 +113,7 @@ def read(root: str) -> dict:
     if not checked and manifest["version"] >= 2:
         raise CheckpointError(f"{mpath}: {MANIFEST_CHECKSUM} is missing; a version "
                               f"{manifest['version']} manifest cannot be verified without it")
-    return manifest
+    return manifest, digest(data)
 
 
 def _need(cond: bool, where: str, what: str) -> None:
@@ -157,10 +174,19 @@ def validate(manifest: Any, where: str) -> dict:
     version = manifest.get("version")
     if not _is_int(version):
         raise CheckpointError(f"{where}: format version must be an integer, got {version!r}")
-    if version > VERSION:
+    if version > READ_VERSION:
         raise CheckpointError(
             f"{where}: checkpoint format version {version} is newer than this dualemb "
-            f"understands (up to version {VERSION}); upgrade dualemb to read it")
+            f"understands (up to version {READ_VERSION}); upgrade dualemb to read it")
+    base = manifest.get("base")
+    _need((version >= DELTA_VERSION) == (base is not None), where,
+          f"a version {version} manifest {'needs' if version >= DELTA_VERSION else 'has no'} "
+          "'base' member")
+    if base is not None:
+        _need(isinstance(base, dict) and isinstance(base.get("path"), str) and base["path"]
+              and isinstance(base.get("manifest_sha256"), str)
+              and len(base["manifest_sha256"]) == 64, where,
+              "'base' must be {\"path\": <relative path>, \"manifest_sha256\": <64 hex digits>}")
     if version < 1:
         raise CheckpointError(f"{where}: invalid checkpoint format version {version}")
     _need(isinstance(manifest.get("metadata", {}), dict), where, "'metadata' must be an object")
@@ -207,4 +233,9 @@ def validate(manifest: Any, where: str) -> dict:
                   "'rows' must be an integer >= 0")
             total += s["rows"]
         _need(total == t["rows"], w, f"shard rows sum to {total}, table 'rows' is {t['rows']}")
+        if base is not None:
+            tomb = t.get("tombstones")
+            _check_file(w + ", tombstones", tomb)
+            _need(_is_int(tomb.get("rows")) and tomb["rows"] >= 0, w + ", tombstones",
+                  "'rows' must be an integer >= 0")
     return manifest

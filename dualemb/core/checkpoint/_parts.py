@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from dualemb.core.checkpoint._commit import Sync, commit, single_process
 from dualemb.core.checkpoint._manifest import (DENSE_FILE, FORMAT, VERSION, CheckpointError,
-                                               dumps, shard_file_name)
+                                               digest, dumps, shard_file_name)
 from dualemb.core.checkpoint._staging import Staging
 from dualemb.core.checkpoint._write import (dense_arrays, describe, int_or_none, workers,
                                             write_dense, write_shard)
@@ -27,7 +27,7 @@ _AGREE = ("key_dtype", "value_dtype", "dim", "initializer", "optimizer", "slot_n
 
 def save(path, tables, *, names: list, sync: Sync = single_process, part: int = 0,
          num_parts: int = 1, coordinator: bool = True, steps=None, dense=None, metadata=None,
-         page_rows: int = 1 << 16) -> None:
+         page_rows: int = 1 << 16, published: dict | None = None) -> None:
     """Writes this writer's shards of one checkpoint at ``path`` (every writer calls it).
 
     ``names``: every table of the checkpoint, in the same order on every writer (it fixes the
@@ -35,7 +35,9 @@ def save(path, tables, *, names: list, sync: Sync = single_process, part: int = 
     (a table's indices are distinct across writers and together 0..N-1), or a function returning
     that (called inside the protocol, so that its failure reaches every writer instead of leaving
     them at a barrier). ``steps``, ``dense``, ``metadata``: the coordinator's are recorded.
-    ``sync``, ``part``, ``num_parts``, ``coordinator``: see ``_commit.commit``."""
+    ``sync``, ``part``, ``num_parts``, ``coordinator``: see ``_commit.commit``. ``published``
+    (coordinator): receives ``"digest"``, the SHA-256 of the manifest it writes (the label of
+    the tables' change-tracking mark)."""
     names = list(names)
 
     def write(staging: Staging) -> dict:
@@ -45,7 +47,10 @@ def save(path, tables, *, names: list, sync: Sync = single_process, part: int = 
         return write_part(staging, names, tables() if callable(tables) else tables, page_rows)
 
     def manifest(staging: Staging, records: list) -> dict:
-        return merge(staging, records, names, steps=steps, dense=dense, metadata=metadata)
+        m = merge(staging, records, names, steps=steps, dense=dense, metadata=metadata)
+        if published is not None:
+            published["digest"] = digest(dumps(m))
+        return m
 
     commit(path, sync, part=part, num_parts=num_parts, coordinator=coordinator, write=write,
            manifest=manifest)

@@ -7,15 +7,25 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from dualemb.core.checkpoint import _fs, _parts
+from dualemb.core.checkpoint import _delta, _fs, _parts
 from dualemb.core.checkpoint._manifest import dumps
 from dualemb.core.checkpoint._write import dense_arrays, describe, int_or_none, shards_of
 
 
-def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 16) -> None:
+def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 16,
+         base=None) -> None:
     """Saves `tables` (name -> Table or list of its live shards), their optimizer `steps`, the
     `dense` parameters and JSON `metadata` as a checkpoint directory at `path`, atomically
-    replacing any checkpoint already there. See docs/checkpoint_format.md."""
+    replacing any checkpoint already there. See docs/checkpoint_format.md.
+
+    With ``base`` (the path of a checkpoint, full or delta), writes a *delta*: only the rows
+    written since the tables were saved to (or loaded from) ``base``, and tombstones for the
+    base's keys that are gone (§10). ``load`` follows the chain to the full checkpoint. Each
+    table must have been saved to or loaded from ``base`` last (else ``CheckpointError``), and
+    not have changed its dtypes, dim, initializer or optimizer since.
+
+    Every save that is published marks the tables: later deltas hold the rows written after it.
+    A failed save marks nothing."""
     path = _fs.normalize(path)
     if not isinstance(tables, Mapping):
         raise TypeError(f"tables must be a mapping of name -> Table, got {type(tables).__name__}")
@@ -41,6 +51,17 @@ def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 
     dumps({"metadata": metadata})  # fail now, not after writing gigabytes
     for name, shards in plan.items():
         describe(name, shards)  # the shards of each table agree
+    if base is not None:
+        _delta.save_delta(path, plan, base, steps=step_of, dense=dense or None,
+                          metadata=metadata, page_rows=int(page_rows))
+        return
+    # Begun before the rows are read: rows written from here on are changed for the next delta.
+    tokens = [(t, t.changes_begin()) for shards in plan.values() for t in shards
+              if hasattr(t, "changes_begin")]
+    published: dict = {}
     _parts.save(path, {name: list(enumerate(shards)) for name, shards in plan.items()},
                 names=list(plan), steps=step_of, dense=dense or None, metadata=metadata,
-                page_rows=int(page_rows))
+                page_rows=int(page_rows), published=published)
+    for t, token in tokens:
+        if token:
+            t.changes_commit(token, published["digest"])

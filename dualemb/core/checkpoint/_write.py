@@ -96,7 +96,10 @@ def workers() -> int:
 
 
 def write_shard(table, path: str, name: str, shard: int, info: dict, page_rows: int,
-                 pool: ThreadPoolExecutor) -> dict:
+                 pool: ThreadPoolExecutor, source=None) -> dict:
+    """Streams the rows of `table` into the shard file at `path`; returns its manifest entry.
+    `source` (a delta's ``_delta.ChangedRows``) replaces the table's rows by a subset: its
+    ``count()``, ``page(offset, limit)`` in order, ``key_bytes(n)`` and ``value_bytes(n)``."""
     dim = info["dim"]
     slot_names = info["slot_names"]
     ns = len(slot_names)
@@ -104,15 +107,17 @@ def write_shard(table, path: str, name: str, shard: int, info: dict, page_rows: 
     key_dtype = np.dtype(np.int64 if strings else info["key_dtype"])
     value_dtype = VALUE_NUMPY[info["value_dtype"]]  # values and slots keep the table's dtype
     clock0 = table.clock
-    n = int(table.size())
+    n = int(table.size()) if source is None else source.count()
     if strings:
-        key_bytes = _skeys.count_key_bytes(table, n, max(1, min(int(page_rows), 1 << 16)))
+        key_bytes = (_skeys.count_key_bytes(table, n, max(1, min(int(page_rows), 1 << 16)))
+                     if source is None else source.key_bytes(n))
         key_tensors = _skeys.tensors(n, key_bytes)
     else:
         key_tensors = [("keys", key_dtype, (n,))]
     string_values = _svals.is_string(info)
     if string_values:
-        value_bytes = _svals.count_value_bytes(table, n, max(1, min(int(page_rows), 1 << 14)))
+        value_bytes = (_svals.count_value_bytes(table, n, max(1, min(int(page_rows), 1 << 14)))
+                       if source is None else source.value_bytes(n))
         value_tensors = _svals.tensors(n, dim, value_bytes)
     else:
         value_tensors = [("values", value_dtype, (n, dim))]
@@ -147,7 +152,8 @@ def write_shard(table, path: str, name: str, shard: int, info: dict, page_rows: 
         if string_values:
             value_writer = _svals.ValueWriter(writer, dim, value_bytes)
         while done < n:
-            page = _export_page(table, done, min(rows_per_page, n - done))
+            page = (_export_page(table, done, min(rows_per_page, n - done)) if source is None
+                    else source.page(done, min(rows_per_page, n - done)))
             m = len(page["keys"])
             if m == 0:
                 break

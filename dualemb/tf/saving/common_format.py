@@ -125,7 +125,8 @@ def _dense_weights(obj, optimizer) -> tuple[dict, dict]:
     return arrays, order
 
 
-def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=None) -> dict:
+def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=None,
+         base=None) -> dict:
     """Writes every de.Variable of ``obj`` (a Variable, layer, model, or any trackable) to
     ``path`` in the common checkpoint format (docs/checkpoint_format.md), readable from JAX.
 
@@ -139,7 +140,11 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
     Under a ``MultiWorkerMirroredStrategy`` whose all-to-all embeddings keep each replica's shard
     in its worker, every worker must call ``save`` with the same ``path`` (a directory all of
     them see): together they write one checkpoint of the whole job
-    (``dualemb/tf/distribute/job_checkpoint.py``)."""
+    (``dualemb/tf/distribute/job_checkpoint.py``).
+
+    With ``base`` (a checkpoint the variables were last saved to or loaded from), writes a
+    delta: the rows written since, and tombstones (docs/checkpoint_format.md §10); ``load``
+    follows the chain. Not for multi-worker jobs or parameter-server shards yet."""
     variables = find_variables(obj)
     if not variables:
         raise ValueError(f"{obj!r} holds no dualemb de.Variable to save")
@@ -147,6 +152,9 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
     if step is None and optimizer is not None:
         step = _iterations(optimizer)
     strategy = job_checkpoint.job_strategy(variables)
+    if strategy is not None and base is not None:
+        raise NotImplementedError("delta saves (base=...) of a multi-worker job are not "
+                                  "supported yet; save a full checkpoint")
     if strategy is not None:
         dense, meta = _save_metadata(obj, variables, optimizer, include_dense, metadata)
         job_checkpoint.save_job(strategy, os.fspath(path), variables, steps=step,
@@ -156,13 +164,16 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
         # Shards on PS tasks are gathered through their handles into scratch tables here.
         tables = {name: stack.enter_context(remote_shards.staged_core_shards(var))[0]
                   for name, var in variables.items()}
-        _save_tables(obj, path, variables, tables, optimizer, step, include_dense, metadata)
+        _save_tables(obj, path, variables, tables, optimizer, step, include_dense, metadata,
+                     base)
     return variables
 
 
-def _save_tables(obj, path, variables, tables, optimizer, step, include_dense, metadata):
+def _save_tables(obj, path, variables, tables, optimizer, step, include_dense, metadata,
+                 base=None):
     dense, meta = _save_metadata(obj, variables, optimizer, include_dense, metadata)
-    _ckpt.save(os.fspath(path), tables, steps=step, dense=dense or None, metadata=meta)
+    _ckpt.save(os.fspath(path), tables, steps=step, dense=dense or None, metadata=meta,
+               base=None if base is None else os.fspath(base))
 
 
 def _save_metadata(obj, variables, optimizer, include_dense, metadata) -> tuple[dict, dict]:
