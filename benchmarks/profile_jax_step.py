@@ -19,7 +19,12 @@ features, dim 16, batch 2,048, Keras-Adam on the tables and the dense MLP):
   the per-call overhead of F tables against one;
 * ``lookups_only`` / ``applies_only``: F lookups / F optimizer calls alone in a jit;
 * ``multi_table`` (when ``dualemb.jax.lookup_many`` exists): the step with one lookup call and
-  one optimizer call for all tables.
+  one optimizer call for all tables;
+* ``nnx_per_table`` / ``nnx_grouped`` / ``nnx_grouped_flat``: the demo's Flax NNX step
+  (``JaxRunner``) with one call per table, with one call for all tables, and the latter through
+  the flat-leaves step ``JaxRunner.train`` uses.
+
+``demo_runner`` includes whatever ``JaxRunner.train`` does per step (batch preparation too).
 
 Run: ``python benchmarks/profile_jax_step.py [--features 8] [--steps 20] [--rounds 5]``.
 """
