@@ -64,6 +64,36 @@ int copy_out(const std::string& s, char* buf, size_t buflen, size_t* needed) {
   return 0;
 }
 
+// The facade's batches for de_*_many: every table looked up (an unknown id fails the call
+// before anything runs).
+std::vector<dualemb::TableBatch> table_batches(const de_table_batch* in, int64_t count) {
+  if (count < 0) throw std::invalid_argument("negative table count " + std::to_string(count));
+  require(in, count, "batches");
+  std::vector<dualemb::TableBatch> out(static_cast<size_t>(count));
+  for (int64_t i = 0; i < count; ++i) {
+    const de_table_batch& b = in[i];
+    dualemb::TableBatch& t = out[static_cast<size_t>(i)];
+    try {
+      t.table = dualemb::get_table(b.id);
+    } catch (const std::out_of_range& e) {
+      throw std::out_of_range("table " + std::to_string(i) + " of " + std::to_string(count) +
+                              ": " + e.what());
+    }
+    t.id = b.id;
+    t.keys = {b.key_dtype, b.keys, b.n};
+    t.values = b.values;
+    t.exists = b.exists;
+    t.grads = b.grads;
+    t.lr = b.lr;
+    t.step = b.step;
+  }
+  return out;
+}
+
+void copy_evicted(const std::vector<dualemb::TableBatch>& from, de_table_batch* to) {
+  for (size_t i = 0; i < from.size(); ++i) to[i].evicted = from[i].evicted;
+}
+
 }  // namespace
 
 extern "C" {
@@ -224,6 +254,29 @@ int de_apply_gradients(int64_t id, int32_t key_dtype, const void* keys, int64_t 
     auto t = dualemb::get_table(id);
     require(grads, n, "grads");
     set_evicted(evicted, t->apply_gradients({key_dtype, keys, n}, grads, lr, step));
+  });
+}
+
+int de_find_many(de_table_batch* batches, int64_t count) {
+  return guarded("find_many", [&] {
+    auto b = table_batches(batches, count);
+    dualemb::TableFacade::find_many(b);
+  });
+}
+
+int de_find_or_insert_many(de_table_batch* batches, int64_t count) {
+  return guarded("find_or_insert_many", [&] {
+    auto b = table_batches(batches, count);
+    dualemb::TableFacade::find_or_insert_many(b);
+    copy_evicted(b, batches);
+  });
+}
+
+int de_apply_gradients_many(de_table_batch* batches, int64_t count) {
+  return guarded("apply_gradients_many", [&] {
+    auto b = table_batches(batches, count);
+    dualemb::TableFacade::apply_gradients_many(b);
+    copy_evicted(b, batches);
   });
 }
 

@@ -208,6 +208,31 @@ DE_API int de_reserve(int64_t id, int64_t n);
 // kernel, and rounded back to nearest even.
 DE_API int de_apply_gradients(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
                               const float* grads, float lr, int64_t step, int64_t* evicted);
+// Multi-table calls: one call does the per-table call (de_find, de_find_or_insert,
+// de_apply_gradients) on every entry of `batches`, with the same results bit for bit; distinct
+// tables run in parallel on the core's threads. Each entry holds the per-table call's arguments
+// (the fields a call does not use are ignored) and receives its `evicted` count.
+//  * Checked for every entry before any table changes: the table id exists, key dtype and count,
+//    the buffers, and for apply_gradients step >= 1, a trainable value dtype and an optimizer. A
+//    bad entry fails the call with an error naming its position and id; no table changes.
+//  * A table listed several times runs its entries one after the other, in list order.
+//  * A failure while running (out of memory) leaves that table unchanged, as its per-table call
+//    would; other tables of the call may have been updated. The error names the table.
+typedef struct {
+  int64_t id;
+  int32_t key_dtype;
+  const void* keys;
+  int64_t n;
+  void* values;        // de_find_many, de_find_or_insert_many: n * dim rows out
+  uint8_t* exists;     // de_find_many, de_find_or_insert_many: may be NULL
+  const float* grads;  // de_apply_gradients_many: n * dim
+  float lr;            // de_apply_gradients_many
+  int64_t step;        // de_apply_gradients_many: the 1-based update count
+  int64_t evicted;     // out (de_find_or_insert_many, de_apply_gradients_many)
+} de_table_batch;
+DE_API int de_find_many(de_table_batch* batches, int64_t count);
+DE_API int de_find_or_insert_many(de_table_batch* batches, int64_t count);
+DE_API int de_apply_gradients_many(de_table_batch* batches, int64_t count);
 // Keep the `num_reserved` keys with the highest score, erase the rest (with their slots).
 // policy RECENCY scores by last update, FREQUENCY by update count, CUSTOM by `scores` given
 // for `keys` (keys not listed score -inf; the last score of a repeated key counts; a NaN score

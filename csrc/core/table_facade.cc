@@ -43,6 +43,7 @@ class WideKeys {
 }  // namespace
 
 TableFacade::TableFacade(const std::string& config) : rows_(make_storage(config)) {
+  num_threads_ = static_cast<int>(Config::parse(config, "table config").get_int("num_threads", 0));
   if (rows_->value_dtype() == DE_VALUE_STRING)
     rows_ = std::make_shared<StringValueStorage>(
         std::move(rows_), string_default_row(Config::parse(config, "table config"), dim()));
@@ -113,6 +114,7 @@ void TableFacade::clear() {
 void TableFacade::set_num_threads(int n) {
   if (n < 0) throw std::invalid_argument("num_threads must be >= 0");
   rows_->set_num_threads(n);
+  num_threads_ = n;
 }
 
 void TableFacade::reserve(int64_t n) {

@@ -52,6 +52,22 @@ struct KeyBatch {
   int64_t n;
 };
 
+class TableFacade;
+
+// One table's share of a multi-table call (TableFacade::*_many, de_*_many): the table, its
+// batch of keys, and the buffers of the per-table call it stands for.
+struct TableBatch {
+  std::shared_ptr<TableFacade> table;
+  int64_t id = 0;                // for messages
+  KeyBatch keys{0, nullptr, 0};
+  void* values = nullptr;        // find, find_or_insert: n * dim rows out
+  uint8_t* exists = nullptr;     // find, find_or_insert: may be null
+  const float* grads = nullptr;  // apply_gradients: n * dim
+  float lr = 0.0f;               // apply_gradients
+  int64_t step = 0;              // apply_gradients: 1-based update count
+  int64_t evicted = 0;           // out: what the per-table call returns
+};
+
 class TableFacade {
  public:
   // Builds the backend the config names (storage/factory.h) and the layers it needs. Throws
@@ -68,6 +84,9 @@ class TableFacade {
   std::vector<std::string> slot_names() const { return rows_->slot_names(); }
   void set_optimizer(const std::string& spec) { rows_->set_optimizer(spec); }
   void set_num_threads(int n);
+  // Threads a batched call of this table may use (0 = all cores): the config's num_threads, or
+  // what set_num_threads set last.
+  int num_threads() const { return num_threads_; }
 
   // The operations of dualemb_core.h (de_find, ...), with its semantics; values cross as the
   // C ABI passes them (raw rows of the value dtype, or the string-value structs).
@@ -110,6 +129,24 @@ class TableFacade {
                        int32_t num_slots, int64_t* last_update, int64_t* update_count,
                        int64_t* remaining);
 
+  // Multi-table operations (table_facade_many.cc): each is the per-table method above on every
+  // batch, with the same results bit for bit (each table's batch runs the per-table code), the
+  // tables spread over the core's thread pool. Rules:
+  //  * Everything that can be checked before a row changes is checked for every batch first
+  //    (key dtype and count, buffers, step >= 1, a trainable value dtype and an optimizer): a
+  //    bad batch throws std::invalid_argument naming its position and table id, and no table
+  //    changes.
+  //  * A table listed several times gets its batches one after the other, in list order (as
+  //    the per-table calls would); distinct tables run in parallel, each atomically under its
+  //    own lock, like concurrent per-table calls, on as many threads as the most generous
+  //    table's num_threads allows (all cores if any table has 0).
+  //  * A failure while running (out of memory, a shard's row limit) leaves that table
+  //    unchanged, like its per-table call; other tables of the call may have been updated.
+  //    The first such error is rethrown, naming the table.
+  static void find_many(std::vector<TableBatch>& batches);
+  static void find_or_insert_many(std::vector<TableBatch>& batches);
+  static void apply_gradients_many(std::vector<TableBatch>& batches);
+
   int64_t clock() const { return rows_->clock(); }
   void set_clock(int64_t c) { rows_->set_clock(c); }
   int64_t evicted_total() const { return rows_->evicted_total(); }
@@ -123,9 +160,13 @@ class TableFacade {
   // Throws std::invalid_argument for a negative count or a key dtype not the table's.
   void check_batch(const KeyBatch& keys) const;
   const StringKeyTable& strings() const;
+  // Throws std::invalid_argument unless the table can run apply_gradients (a trainable value
+  // dtype and an optimizer attached).
+  void check_trainable() const;
 
   std::shared_ptr<Storage> rows_;            // the backend (wrapped for string values)
   std::unique_ptr<StringKeyTable> strings_;  // string-keyed tables only
+  int num_threads_ = 0;
 };
 
 }  // namespace dualemb

@@ -39,7 +39,11 @@
   X(unique)                             \
   /* Sharded path (ffi_exchange.cc). */ \
   X(exchange_check)                     \
-  X(apply_gradients_first)
+  X(apply_gradients_first)              \
+  /* Many tables (ffi_many.cc). */      \
+  X(find_many)                          \
+  X(find_or_insert_many)                \
+  X(apply_gradients_many)
 
 #define DUALEMB_JAX_DECLARE_HANDLER(name) XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_##name);
 DUALEMB_JAX_FFI_TARGETS(DUALEMB_JAX_DECLARE_HANDLER)

@@ -122,6 +122,52 @@ std::string read_string(int (*fn)(int64_t, char*, size_t, size_t*), int64_t id) 
   return s;
 }
 
+// The arguments of a multi-table call being assembled: one de_table_batch per table.
+struct ManyCall {
+  ManyCall(const std::vector<int64_t>& ids, const std::vector<py::array>& keys, const char* name)
+      : n(ids.size()), what(name) {
+    expect(keys.size(), "keys");
+    for (size_t i = 0; i < n; ++i) {
+      k.push_back(key_view(keys[i]));
+      de_table_batch t{};
+      t.id = ids[i];
+      t.key_dtype = k[i].dtype;
+      t.keys = k[i].ptr;
+      t.n = k[i].n;
+      b.push_back(t);
+    }
+  }
+  // ValueError unless a per-table list has one entry per table.
+  void expect(size_t got, const char* list) const {
+    if (got != n)
+      throw py::value_error(std::string(what) + ": " + list + " has " + std::to_string(got) +
+                            " entries for " + std::to_string(n) + " tables");
+  }
+  std::vector<py::array> list_or_none(const py::object& o, const char* list) const {
+    if (o.is_none()) return {};
+    auto v = o.cast<std::vector<py::array>>();
+    expect(v.size(), list);
+    return v;
+  }
+  void run(int (*fn)(de_table_batch*, int64_t)) {
+    int rc;
+    {
+      py::gil_scoped_release release;
+      rc = fn(b.data(), static_cast<int64_t>(n));
+    }
+    check(rc);
+  }
+  std::vector<int64_t> evicted() const {
+    std::vector<int64_t> e;
+    for (const auto& t : b) e.push_back(t.evicted);
+    return e;
+  }
+  size_t n;
+  const char* what;
+  std::vector<KeyView> k;
+  std::vector<de_table_batch> b;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -283,6 +329,58 @@ PYBIND11_MODULE(_core, m) {
           }
           check(rc);
           return evicted;
+        });
+  // Multi-table calls (de_*_many): lists with one entry per table, each as the per-table call
+  // takes it; checked here like the per-table calls, then one core call for all the tables.
+  m.def("find_many", [](const std::vector<int64_t>& ids, const std::vector<py::array>& keys,
+                        std::vector<py::array> values, py::object exists) {
+    ManyCall c(ids, keys, "find_many");
+    std::vector<std::unique_ptr<dualemb_py::RowsOut>> out;
+    std::vector<py::array> ex = c.list_or_none(exists, "exists");
+    c.expect(values.size(), "values");
+    for (size_t i = 0; i < ids.size(); ++i) {
+      RowFormat f = row_format(ids[i]);
+      out.emplace_back(new dualemb_py::RowsOut(values[i], c.k[i].n * f.dim, f.value_dtype,
+                                               "values"));
+      c.b[i].values = out.back()->ptr();
+      if (!ex.empty()) c.b[i].exists = typed_buffer<uint8_t>(ex[i], c.k[i].n, "exists");
+    }
+    c.run(de_find_many);
+    for (size_t i = 0; i < ids.size(); ++i) out[i]->fill(c.k[i].n * dim_of(ids[i]));
+  });
+  m.def("find_or_insert_many", [](const std::vector<int64_t>& ids,
+                                  const std::vector<py::array>& keys,
+                                  std::vector<py::array> values, py::object exists) {
+    ManyCall c(ids, keys, "find_or_insert_many");
+    std::vector<std::unique_ptr<dualemb_py::RowsOut>> out;
+    std::vector<py::array> ex = c.list_or_none(exists, "exists");
+    c.expect(values.size(), "values");
+    for (size_t i = 0; i < ids.size(); ++i) {
+      RowFormat f = row_format(ids[i]);
+      out.emplace_back(new dualemb_py::RowsOut(values[i], c.k[i].n * f.dim, f.value_dtype,
+                                               "values"));
+      c.b[i].values = out.back()->ptr();
+      if (!ex.empty()) c.b[i].exists = typed_buffer<uint8_t>(ex[i], c.k[i].n, "exists");
+    }
+    c.run(de_find_or_insert_many);
+    for (size_t i = 0; i < ids.size(); ++i) out[i]->fill(c.k[i].n * dim_of(ids[i]));
+    return c.evicted();
+  });
+  m.def("apply_gradients_many",
+        [](const std::vector<int64_t>& ids, const std::vector<py::array>& keys,
+           const std::vector<py::array>& grads, const std::vector<float>& lrs,
+           const std::vector<int64_t>& steps) {
+          ManyCall c(ids, keys, "apply_gradients_many");
+          c.expect(grads.size(), "grads");
+          c.expect(lrs.size(), "lrs");
+          c.expect(steps.size(), "steps");
+          for (size_t i = 0; i < ids.size(); ++i) {
+            c.b[i].grads = float_input(grads[i], c.k[i].n * dim_of(ids[i]), "grads");
+            c.b[i].lr = lrs[i];
+            c.b[i].step = steps[i];
+          }
+          c.run(de_apply_gradients_many);
+          return c.evicted();
         });
   m.def("restrict", [](int64_t id, int64_t num_reserved, int32_t policy, py::object keys,
                        py::object scores) {

@@ -552,3 +552,61 @@ class Table(ChangeTracking):
     def __repr__(self) -> str:
         return (f"Table(id={self._id}, dim={self._dim}, key_dtype={self._key_dtype_name}, "
                 f"value_dtype={self._value_dtype_name}, size={self.size()})")
+
+
+# ---- many tables in one call ---------------------------------------------------------------
+# The per-table methods on a list of tables, in one core call (dualemb_core.h, "Multi-table
+# calls"): the same results bit for bit, the tables run in parallel on the core's threads. Input
+# errors in any table raise before any table changes; a table listed several times runs its
+# entries in list order.
+
+def _many_args(tables, keys, name: str):
+    tables, keys = list(tables), list(keys)
+    if len(tables) != len(keys):
+        raise ValueError(f"{name}: {len(tables)} tables but {len(keys)} key arrays")
+    for t in tables:
+        if not isinstance(t, Table):
+            raise TypeError(f"{name} takes dualemb.core.Table objects, got {type(t).__name__}")
+    return tables, [t._keys(k) for t, k in zip(tables, keys)]
+
+
+def find_many(tables, keys) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``[t.find(k) for t, k in zip(tables, keys)]`` in one core call."""
+    tables, ks = _many_args(tables, keys, "find_many")
+    values = [np.empty(k.shape + (t._dim,), t._value_dtype) for t, k in zip(tables, ks)]
+    exists = [np.empty(k.shape, np.uint8) for k in ks]
+    _core.find_many([t._id for t in tables], ks, values, exists)
+    return [(v, e.view(bool)) for v, e in zip(values, exists)]
+
+
+def find_or_insert_many(tables, keys) -> list[tuple[np.ndarray, np.ndarray]]:
+    """``[t.find_or_insert(k) for t, k in zip(tables, keys)]`` in one core call (each table's
+    ``last_evicted`` is set as its own call sets it)."""
+    tables, ks = _many_args(tables, keys, "find_or_insert_many")
+    values = [np.empty(k.shape + (t._dim,), t._value_dtype) for t, k in zip(tables, ks)]
+    exists = [np.empty(k.shape, np.uint8) for k in ks]
+    evicted = _core.find_or_insert_many([t._id for t in tables], ks, values, exists)
+    for t, n in zip(tables, evicted):
+        t._record_evicted(n)
+    return [(v, e.view(bool)) for v, e in zip(values, exists)]
+
+
+def apply_gradients_many(tables, keys, grads, lrs, steps) -> list[int]:
+    """``[t.apply_gradients(k, g, lr, step) for ...]`` in one core call; returns each table's
+    evicted count. ``lrs`` and ``steps``: one per table (or one for all)."""
+    tables, ks = _many_args(tables, keys, "apply_gradients_many")
+    n = len(tables)
+    grads = list(grads)
+    if len(grads) != n:
+        raise ValueError(f"apply_gradients_many: {n} tables but {len(grads)} gradient arrays")
+    lrs = [lrs] * n if np.ndim(lrs) == 0 else list(lrs)
+    steps = [steps] * n if np.ndim(steps) == 0 else list(steps)
+    if len(lrs) != n or len(steps) != n:
+        raise ValueError(f"apply_gradients_many: give one lr and one step per table ({n})")
+    for s in steps:
+        if isinstance(s, bool) or int(s) != s:
+            raise TypeError(f"step must be an integer, got {s!r}")
+    gs = [t._rows(g, k, "gradients", "float32") for t, k, g in zip(tables, ks, grads)]
+    evicted = _core.apply_gradients_many([t._id for t in tables], ks, gs,
+                                         [float(x) for x in lrs], [int(s) for s in steps])
+    return [t._record_evicted(e) for t, e in zip(tables, evicted)]

@@ -28,9 +28,12 @@ class FlaxDLRM(nnx.Module):
     (``fc0/kernel`` ...) are the Keras model's weight names; kernels are [in, out] in both.
 
     ``tables``: existing ``dualemb.jax.Table`` handles to own (e.g. loaded from a checkpoint),
-    else new tables are created with the demo's initializers and Keras-Adam fused optimizer."""
+    else new tables are created with the demo's initializers and Keras-Adam fused optimizer.
+    ``grouped``: look every feature up in one call (``dualemb.jax.nnx.lookup_many``; the same
+    rows as one ``Embed`` call per feature, which ``grouped=False`` makes)."""
 
-    def __init__(self, cfg: DemoConfig, rngs: nnx.Rngs, tables=None):
+    def __init__(self, cfg: DemoConfig, rngs: nnx.Rngs, tables=None, grouped: bool = True):
+        self.grouped = grouped
         self.table_names = list(cfg.table_names)
         self.hidden_names = [name for name, _, _ in cfg.layer_sizes[:-1]]
         for f, name in enumerate(self.table_names):
@@ -44,7 +47,12 @@ class FlaxDLRM(nnx.Module):
 
     def __call__(self, ids, dense):
         """ids: [B, F] (a ``dualemb.jax.Ids`` for int64 ids), dense: [B, D] -> logits [B, 1]."""
-        rows = [getattr(self, name)(ids[:, f]) for f, name in enumerate(self.table_names)]
+        embeds = [getattr(self, name) for name in self.table_names]
+        cols = [ids[:, f] for f in range(len(embeds))]
+        if self.grouped:
+            rows = denn.lookup_many(embeds, cols)
+        else:
+            rows = [e(c) for e, c in zip(embeds, cols)]
         x = jnp.concatenate(rows + [dense], axis=1)
         for name in self.hidden_names:
             x = nnx.relu(getattr(self, name)(x))
@@ -82,7 +90,8 @@ class JaxRunner:
     The jitted step takes the model as ``nnx.split`` state (the tables' handles are part of it)
     and returns the new state: ``dej.nnx.value_and_grad`` gives the dense gradients and the
     rows' gradients, ``interop.keras_adam`` updates the dense parameters, and
-    ``dej.nnx.apply_gradients`` runs the tables' fused optimizer in the core."""
+    ``dej.nnx.apply_gradients`` runs the tables' fused optimizer in the core (one call for all
+    the tables)."""
 
     framework = FRAMEWORK
 
@@ -96,6 +105,7 @@ class JaxRunner:
             opt_state = self.tx.init(nnx.state(model, nnx.Param))
         self.opt_state = opt_state
         self._train_step = jax.jit(self._step)
+        self._train_flat = jax.jit(self._step_flat)
         self._predict = jax.jit(self._logits)
 
     # ---- jitted functions -----------------------------------------------------------------------
@@ -107,6 +117,14 @@ class JaxRunner:
         nnx.update(model, optax.apply_updates(params, updates))
         denn.apply_gradients(model, emb_grads)
         return nnx.state(model), opt_state, loss
+
+    def _step_flat(self, leaves, ids, dense, labels):
+        """``_step`` on the leaves of (state, opt_state): the training loop hands jit a flat
+        list, so a step does not flatten the nnx.State and Optax pytrees in Python (about as
+        much host time as the rest of the step's dispatch)."""
+        state, opt_state = jax.tree_util.tree_unflatten(self._treedef, leaves)
+        state, opt_state, loss = self._step(state, opt_state, ids, dense, labels)
+        return jax.tree_util.tree_leaves((state, opt_state)), loss
 
     def _logits(self, state, ids, dense):
         return nnx.merge(self.graphdef, state)(ids, dense)
@@ -142,19 +160,25 @@ class JaxRunner:
         """Trains on the batches of steps [start, stop); returns (per-step losses, examples/s)."""
         if self.step != start:
             raise RuntimeError(f"the JAX model is at step {self.step}, asked to train from {start}")
+        # The batches are made before the loop, as the TF leg's model.fit gets them: the
+        # examples/s of both legs time training, not the synthetic data's generation (which
+        # costs about a third of a JAX step).
+        batches = [self.cfg.train_batch(s) for s in range(start, stop)]
         bar = _Progress(stop - start, verbose)
         losses = []
         t1 = None
-        for i, s in enumerate(range(start, stop)):
-            ids, dense, labels = self.cfg.train_batch(s)
-            self.state, self.opt_state, loss = self._train_step(
-                self.state, self.opt_state, dej.ids(ids), jnp.asarray(dense),
-                jnp.asarray(labels))
-            losses.append(loss)
-            if i == 0:
-                jax.block_until_ready(loss)
-                t1 = time.perf_counter()
-            bar.update(i + 1, losses)
+        leaves, self._treedef = jax.tree_util.tree_flatten((self.state, self.opt_state))
+        try:
+            for i, (ids, dense, labels) in enumerate(batches):
+                leaves, loss = self._train_flat(leaves, dej.ids(ids), jnp.asarray(dense),
+                                                jnp.asarray(labels))
+                losses.append(loss)
+                if i == 0:
+                    jax.block_until_ready(loss)
+                    t1 = time.perf_counter()
+                bar.update(i + 1, losses)
+        finally:
+            self.state, self.opt_state = jax.tree_util.tree_unflatten(self._treedef, leaves)
         jax.block_until_ready((losses[-1], self.state))
         for t in self.tables():
             dej.block(t)

@@ -17,7 +17,8 @@ table, and passing that table on is what orders the side-effecting calls::
         return table, params - 0.1 * g_params, loss
 
 Works under ``jit``, ``grad``, ``vmap``, ``lax.scan``/``fori_loop`` and with several tables in
-one step. int64 ids in JAX's default 32-bit mode: see :mod:`dualemb.jax.ids`. Optimizers:
+one step; :func:`lookup_many` / :func:`apply_gradients_many` (:mod:`dualemb.jax.many`) serve a
+pytree of tables in one call. int64 ids in JAX's default 32-bit mode: see :mod:`dualemb.jax.ids`. Optimizers:
 :mod:`dualemb.jax.optimizers` (fused, Optax-named) or any Optax transformation
 (:mod:`dualemb.jax.generic`); Keras' Adam for dense parameters: :mod:`dualemb.jax.keras_optax`.
 Checkpoints: :func:`save` / :func:`load` / :func:`load_tables` (common format),
@@ -31,6 +32,7 @@ from dualemb.jax import _ffi  # noqa: F401  (registers the FFI targets)
 from dualemb.jax._ffi import uses_host_callback
 from dualemb.jax import initializers, optimizers
 from dualemb.jax.ids import Ids, ids, string_ids
+from dualemb.jax.many import apply_gradients_many, find_many, find_or_insert_many, lookup_many
 from dualemb.jax.ops import (accum, after, erase, export, find, find_or_insert, insert, lookup,
                              size)
 from dualemb.jax.table import (Table, attach, block, capture_evicted, create, destroy,
@@ -44,6 +46,7 @@ __all__ = [
     "lookup", "find", "size", "export",
     "find_or_insert", "insert", "accum", "erase", "after",
     "apply_gradients", "uses_host_callback",
+    "lookup_many", "find_many", "find_or_insert_many", "apply_gradients_many",
     "initializers", "optimizers",
     "save", "load", "load_tables",
 ]

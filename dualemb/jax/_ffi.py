@@ -244,3 +244,40 @@ def apply_gradients_first(handle, version, keys, grads, lr, step_code, count):
     return _call("dualemb_apply_gradients_first", _next(version), *_table(handle, version),
                  keys, grads, jnp.asarray(lr, _f32), jax.lax.stop_gradient(step_code),
                  jnp.asarray(count, _i32), has_side_effect=True)
+
+
+# ---- many tables in one call -------------------------------------------------------------
+
+def _tables(handles, versions):
+    """The (handles [T, 4], versions [T]) operands of a multi-table call."""
+    return (jax.lax.stop_gradient(jnp.stack(handles)),
+            jax.lax.stop_gradient(jnp.stack([jnp.reshape(v, ()) for v in versions])))
+
+
+def find_many(handles, versions, keys, shapes, dims, dtypes, with_exists=True):
+    """([rows [shape + (dim,)] per table], [exists [shape] per table, or empty]) — reads only."""
+    rows = [_sds(s + (d,), dt) for s, d, dt in zip(shapes, dims, dtypes)]
+    exists = [_sds(s if with_exists else (0,), jnp.bool_) for s in shapes]
+    outs = _call("dualemb_find_many", tuple(rows + exists), *_tables(handles, versions), *keys)
+    return list(outs[:len(keys)]), list(outs[len(keys):])
+
+
+def find_or_insert_many(handles, versions, keys, shapes, dims, dtypes):
+    """(next versions [T], [rows per table], [exists per table]); missing keys are inserted."""
+    n = len(keys)
+    results = ((_sds((n,), _f32),) + tuple(_sds(s + (d,), dt) for s, d, dt in
+                                           zip(shapes, dims, dtypes))
+               + tuple(_sds(s, jnp.bool_) for s in shapes))
+    outs = _call("dualemb_find_or_insert_many", results, *_tables(handles, versions), *keys,
+                 has_side_effect=True)
+    return outs[0], list(outs[1:1 + n]), list(outs[1 + n:])
+
+
+def apply_gradients_many(handles, versions, keys, grads, lrs, step_codes):
+    """Next versions [T]; one fused optimizer step per table (``lrs`` float32 scalars, the
+    tables' step leaves as :func:`apply_gradients` takes them)."""
+    n = len(keys)
+    return _call("dualemb_apply_gradients_many", _sds((n,), _f32), *_tables(handles, versions),
+                 jnp.stack([jnp.asarray(lr, _f32) for lr in lrs]),
+                 jax.lax.stop_gradient(jnp.stack(step_codes)), *keys, *grads,
+                 has_side_effect=True)

@@ -363,3 +363,103 @@ def apply_gradients_first(handle, version, keys, grads, lr, step_code, count, *,
         _core_call("apply_gradients", _core.apply_gradients, tid, np.ascontiguousarray(k[:n]),
                    _f32(grads)[:n * dim].copy(), _lr(lr), steps + 1)
     return (_next_version(version, outs[0][0]),)
+
+
+# ---- many tables in one call (ffi_many.cc) -------------------------------------------------
+# handles float32[T, 4], versions float32[T], then T key operands (apply_gradients_many: lrs
+# float32[T], step counts float32[T, 2], T keys, T gradients). Every table is checked first; the
+# core's multi-table call then checks its part before any table changes.
+
+def _many(handles, versions, keys, distinct: bool, what: str):
+    """([table ids], [dims], [keys]) of a multi-table call, or the handler's error."""
+    count = len(keys)
+    h = np.asarray(handles, np.float32)
+    if h.size != 4 * count or np.size(versions) != count:
+        raise HostCallbackError(
+            f"dualemb {what}: expected handles float32[{count}, 4] and versions "
+            f"float32[{count}] for {count} key operands (vmapping over tables is not "
+            "supported)")
+    h = h.reshape(count, 4)
+    tids, dims, ks = [], [], []
+    for t in range(count):
+        try:
+            tid, dim, _, k = _prepare(h[t], keys[t])
+        except HostCallbackError as e:
+            raise HostCallbackError(f"table {t} of {count}: {e}") from e
+        if distinct and tid in tids:
+            raise HostCallbackError(
+                f"dualemb {what}: table {t} of {count}: table {tid} appears twice; give each "
+                "table once (concatenate its ids and gradients)")
+        tids.append(tid)
+        dims.append(dim)
+        ks.append(k)
+    return tids, dims, ks
+
+
+def _many_rows(tids, dims, ks, outs):
+    rows = []
+    for t, (tid, dim, k, out) in enumerate(zip(tids, dims, ks, outs)):
+        r = _empty(out, 0)
+        try:
+            _check_values(tid, r.dtype, "rows")
+            _check_rows(r, k.size, dim)
+        except HostCallbackError as e:
+            raise HostCallbackError(f"table {t} of {len(tids)}: {e}") from e
+        rows.append(r)
+    return rows
+
+
+def _many_versions(versions, out) -> np.ndarray:
+    v = np.asarray(versions, np.float32).reshape(-1)
+    nxt = np.where((v + np.float32(1) >= 0) & (v + np.float32(1) < 16777216),
+                   v + np.float32(1), np.float32(0)).astype(np.float32)
+    shape = out[0]
+    return np.resize(nxt, int(np.prod(shape, dtype=np.int64))).reshape(shape)
+
+
+@twin
+def find_many(handles, versions, *keys, outs):
+    count = len(keys)
+    tids, dims, ks = _many(handles, versions, keys, False, "find_many")
+    rows = _many_rows(tids, dims, ks, outs[:count])
+    want_exists = any(int(np.prod(o[0], dtype=np.int64)) for o in outs[count:])
+    exists = [np.zeros(k.size if want_exists else 0, np.uint8) for k in ks]
+    _core_call("find_many", _core.find_many, tids, ks, rows, exists if want_exists else None)
+    return tuple(rows) + tuple(e.view(bool).reshape(o[0]) if want_exists else _empty(o)
+                               for e, o in zip(exists, outs[count:]))
+
+
+@twin
+def find_or_insert_many(handles, versions, *keys, outs):
+    count = len(keys)
+    tids, dims, ks = _many(handles, versions, keys, True, "find_or_insert_many")
+    rows = _many_rows(tids, dims, ks, outs[1:1 + count])
+    exists = [np.zeros(k.size, np.uint8) for k in ks]
+    _core_call("find_or_insert_many", _core.find_or_insert_many, tids, ks, rows, exists)
+    return ((_many_versions(versions, outs[0]),) + tuple(rows)
+            + tuple(e.view(bool).reshape(o[0]) for e, o in zip(exists, outs[1 + count:])))
+
+
+@twin
+def apply_gradients_many(handles, versions, lrs, step_codes, *rest, outs):
+    if len(rest) % 2:
+        raise HostCallbackError("dualemb apply_gradients_many: expected keys and gradients "
+                                "per table")
+    count = len(rest) // 2
+    tids, dims, ks = _many(handles, versions, rest[:count], True, "apply_gradients_many")
+    if np.size(lrs) != count or np.size(step_codes) != 2 * count:
+        raise HostCallbackError("dualemb apply_gradients_many: expected lrs float32[T] and "
+                                "step counts float32[T, 2]")
+    codes = np.asarray(step_codes, np.float32).reshape(count, 2)
+    grads, steps = [], []
+    for t in range(count):
+        g = _f32(rest[count + t])
+        try:
+            _check_rows(g, ks[t].size, dims[t], "gradients")
+            steps.append(_step_count(codes[t], "apply_gradients_many") + 1)
+        except HostCallbackError as e:
+            raise HostCallbackError(f"table {t} of {count}: {e}") from e
+        grads.append(g)
+    lr = [float(x) for x in np.asarray(lrs, np.float32).reshape(-1)]
+    _core_call("apply_gradients_many", _core.apply_gradients_many, tids, ks, grads, lr, steps)
+    return (_many_versions(versions, outs[0]),)

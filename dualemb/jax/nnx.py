@@ -68,7 +68,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from dualemb.jax import many as _many
 from dualemb.jax import ops as _ops
+from dualemb.jax import optimizers as _opts
 from dualemb.jax._grad_guard import guarded
 from dualemb.jax._flax_common import ATTEND_WITHOUT_IDS, attend_logits, combine
 from dualemb.jax import train as _train
@@ -302,13 +304,66 @@ def _path_key(path) -> str:
 
 def apply_gradients(model, emb_grads: dict) -> None:
     """Applies :func:`value_and_grad`'s ``emb_grads`` to the tables of ``model``'s
-    :class:`Embed` modules (one step per table: the calls of a shared table are combined)."""
+    :class:`Embed` modules (one step per table: the calls of a shared table are combined).
+
+    The tables of plain ``Embed`` modules with fused optimizers are stepped together, in one
+    call (:func:`dualemb.jax.apply_gradients_many`: the same bits as one call per table); each
+    module must then own a table of its own (two modules holding one table raise). Other
+    modules (``ShardedEmbed``, generic Optax optimizers, subclasses that override
+    ``apply_gradients``) step their tables themselves."""
     by_path = {_path_key(p): m for p, m in _embeds(model).items()}
+    together = {}
     for key, entries in emb_grads.items():
         module = by_path.get(key)
         if module is None:
             raise KeyError(f"no Embed at {key!r} in the model")
-        module.apply_gradients(*combine(entries, module.dim))
+        ids, grads = combine(entries, module.dim)
+        if _steps_together(module):
+            together[key] = (module, ids, grads)
+        else:
+            module.apply_gradients(ids, grads)
+    if len(together) == 1:
+        (module, ids, grads), = together.values()
+        module.apply_gradients(ids, grads)
+    elif together:
+        new = _many.apply_gradients_many(
+            {k: m.table.get_value() for k, (m, _, _) in together.items()},
+            {k: i for k, (_, i, _) in together.items()},
+            {k: g for k, (_, _, g) in together.items()})
+        for k, (m, _, _) in together.items():
+            m.table.set_value(new[k])
+
+
+def _steps_together(module) -> bool:
+    """Whether a module's table may join a multi-table optimizer call: a plain single-device
+    table with a fused optimizer, stepped by Embed's own apply_gradients."""
+    table = module.table.get_value()
+    return (isinstance(table, Table) and isinstance(table.optimizer, _opts.Optimizer)
+            and type(module).apply_gradients is Embed.apply_gradients)
+
+
+def lookup_many(embeds, ids) -> list:
+    """``[embed(i) for embed, i in zip(embeds, ids)]`` with one lookup call for all the tables
+    (:func:`dualemb.jax.lookup_many`): the same rows, trained the same way inside
+    :func:`value_and_grad`. For a model with one ``Embed`` per feature, e.g.
+    ``rows = dej.nnx.lookup_many([self.user, self.item], [ids[:, 0], ids[:, 1]])``.
+    ``ShardedEmbed`` modules (and a module listed twice) are looked up one by one."""
+    embeds, ids = list(embeds), list(ids)
+    if len(embeds) != len(ids):
+        raise ValueError(f"lookup_many got {len(embeds)} Embed modules and {len(ids)} id arrays")
+    for e in embeds:
+        if not isinstance(e, Embed):
+            raise TypeError(f"lookup_many takes dualemb.jax.nnx.Embed modules, got "
+                            f"{type(e).__name__}")
+    if (len({id(e) for e in embeds}) != len(embeds)
+            or any(type(e)._lookup is not Embed._lookup for e in embeds)):
+        return [e(i) for e, i in zip(embeds, ids)]
+    rows = _many.lookup_many([e.table.get_value() for e in embeds], ids)
+    tape = _TAPE.get()
+    if tape is None:
+        return [guarded(r, e.dualemb_grad_guard[...], _PLAIN_GRAD_ERROR)
+                for e, r in zip(embeds, rows)]
+    return [tape.tap(e, i, r) for e, i, r in zip(embeds, ids, rows)]
 
 
 def tables(model) -> dict:
