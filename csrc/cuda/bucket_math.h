@@ -20,6 +20,7 @@
 
 #include "de_hd.h"
 #include "random.h"
+#include "semantics/row_updates.h"
 
 namespace dualemb {
 namespace gpu {
@@ -78,6 +79,46 @@ DE_HD inline float segment_sum(const int64_t* order, int64_t seg_begin, int64_t 
   float acc = grads[order[seg_begin] * dim + j];
   for (int64_t q = seg_begin + 1; q < seg_end; ++q) acc += grads[order[q] * dim + j];
   return acc;
+}
+
+// accum (TFRA's rule, semantics/row_updates.h accum_action) for one key: whether a key absent
+// before the call gets inserted — some position of its segment has exists = 0 (earlier
+// positions with exists = 1 are ignored while it is absent).
+DE_HD inline bool accum_inserts(const int64_t* order, int64_t seg_begin, int64_t seg_end,
+                                const uint8_t* exists) {
+  for (int64_t q = seg_begin; q < seg_end; ++q)
+    if (!exists[order[q]]) return true;
+  return false;
+}
+
+// accum for element j of one key's row: its positions walked in batch order, as the CPU walks
+// them, each position's action depending on whether the key is present by then. *cell is the
+// row's element (read only once present); deltas (and old, may be null: delta = new - old,
+// rounded to float32 before the add) are [n, dim]. Returns how many positions applied (the
+// update count grows by that much).
+DE_HD inline int64_t accum_segment(const int64_t* order, int64_t seg_begin, int64_t seg_end,
+                                   const uint8_t* exists, const float* deltas, const float* old,
+                                   int64_t dim, int64_t j, bool present, float* cell) {
+  int64_t applied = 0;
+  for (int64_t q = seg_begin; q < seg_end; ++q) {
+    const int64_t i = order[q];
+    switch (accum_action(present, exists[i] != 0)) {
+      case AccumAction::kInsert:
+        *cell = deltas[i * dim + j];
+        present = true;
+        ++applied;
+        break;
+      case AccumAction::kAdd: {
+        float d = deltas[i * dim + j];
+        if (old) d = d - old[i * dim + j];
+        *cell += d;
+        ++applied;
+        break;
+      }
+      case AccumAction::kIgnore: break;
+    }
+  }
+  return applied;
 }
 
 // Whether position q of the key-sorted batch starts a new segment (a new distinct key).

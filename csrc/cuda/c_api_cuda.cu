@@ -8,8 +8,12 @@
 
 #include <cstdio>
 #include <exception>
+#include <memory>
+#include <mutex>
+#include <random>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "gpu_table.h"
 
@@ -38,6 +42,37 @@ int guarded(Fn&& fn) {
     g_error_kind = 3;
   }
   return -1;
+}
+
+// id -> table, and table -> id (dec_table_id).
+std::mutex g_registry_mu;
+std::unordered_map<int64_t, GpuTable*> g_by_id;
+std::unordered_map<const GpuTable*, int64_t> g_id_of;
+
+int64_t register_table(GpuTable* t) {
+  static std::mt19937_64 rng{std::random_device{}()};
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  int64_t id = 0;
+  do {
+    id = static_cast<int64_t>(rng() >> 1);
+  } while (id == 0 || g_by_id.count(id));
+  g_by_id[id] = t;
+  g_id_of[t] = id;
+  return id;
+}
+
+void unregister_table(const GpuTable* t) {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  auto it = g_id_of.find(t);
+  if (it == g_id_of.end()) return;
+  g_by_id.erase(it->second);
+  g_id_of.erase(it);
+}
+
+__global__ void fill_kernel(float* p, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    p[i] = v;
 }
 
 GpuTable* table(void* h) {
@@ -98,11 +133,40 @@ DEC_API int dec_device_name(char* buf, size_t buflen) {
 }
 
 DEC_API int dec_table_create(const char* config, void** out) {
-  return guarded([&] { *out = new GpuTable(config); });
+  return guarded([&] {
+    std::unique_ptr<GpuTable> t(new GpuTable(config));
+    register_table(t.get());
+    *out = t.release();
+  });
 }
 
 DEC_API int dec_table_destroy(void* h) {
-  return guarded([&] { delete table(h); });
+  return guarded([&] {
+    unregister_table(table(h));
+    delete table(h);
+  });
+}
+
+DEC_API int dec_table_id(void* h, int64_t* id) {
+  return guarded([&] {
+    const GpuTable* t = table(h);
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    auto it = g_id_of.find(t);
+    if (it == g_id_of.end()) throw std::invalid_argument("GPU table: not registered");
+    *id = it->second;
+  });
+}
+
+DEC_API int dec_table_by_id(int64_t id, void** out) {
+  return guarded([&] {
+    std::lock_guard<std::mutex> lock(g_registry_mu);
+    auto it = g_by_id.find(id);
+    if (it == g_by_id.end())
+      throw std::invalid_argument("unknown GPU table id " + std::to_string(id) +
+                                  " (destroyed, or a host table: make it with "
+                                  "dualemb.jax.create(..., placement=\"gpu\"))");
+    *out = it->second;
+  });
 }
 
 DEC_API int dec_set_optimizer(void* h, const char* spec) {
@@ -147,6 +211,54 @@ DEC_API int dec_apply_gradients(void* h, const int64_t* keys, int64_t n, const f
   });
 }
 
+DEC_API int dec_accum(void* h, const int64_t* keys, int64_t n, const float* deltas,
+                      const float* old_values, const uint8_t* exists, void* stream,
+                      int64_t* evicted) {
+  return guarded([&] {
+    *evicted =
+        table(h)->accum(keys, n, deltas, old_values, exists, static_cast<cudaStream_t>(stream));
+  });
+}
+DEC_API int dec_import(void* h, const int64_t* keys, int64_t n, const float* values,
+                       const float* slots, const int64_t* last_update, const int64_t* update_count,
+                       void* stream, int64_t* evicted) {
+  return guarded([&] {
+    *evicted = table(h)->import_rows(keys, n, values, slots, last_update, update_count,
+                                     static_cast<cudaStream_t>(stream));
+  });
+}
+
+// ---- host-side calls ---------------------------------------------------------------------------
+DEC_API int dec_restrict(void* h, int64_t num_reserved, int policy, const int64_t* keys,
+                         const float* scores, int64_t n, int64_t* removed) {
+  return guarded([&] {
+    if (policy < 0 || policy > 2)
+      throw std::invalid_argument(
+          "restrict: policy must be 0 (recency), 1 (frequency) or 2 "
+          "(custom), got " +
+          std::to_string(policy));
+    if (n > 0 && (!keys || !scores))
+      throw std::invalid_argument("restrict: custom scores need keys and scores");
+    *removed = table(h)->restrict_rows(num_reserved, static_cast<dualemb::RestrictBy>(policy), keys,
+                                       scores, n, nullptr);
+  });
+}
+DEC_API int dec_get_clock(void* h, int64_t* out) {
+  return guarded([&] { *out = table(h)->clock(); });
+}
+DEC_API int dec_set_clock(void* h, int64_t clock) {
+  return guarded([&] { table(h)->set_clock(clock); });
+}
+DEC_API int dec_evicted_total(void* h, int64_t* out) {
+  return guarded([&] { *out = table(h)->evicted_total(); });
+}
+DEC_API int dec_dim(void* h, int64_t* out) {
+  return guarded([&] { *out = table(h)->dim(); });
+}
+DEC_API int dec_reserve(void* h, int64_t rows) {
+  return guarded([&] { table(h)->reserve(rows, nullptr); });
+}
+
 // ---- host pointers (staged) ---------------------------------------------------------------------
 DEC_API int dec_find_host(void* h, const int64_t* keys, int64_t n, float* values, uint8_t* exists) {
   return guarded([&] {
@@ -159,34 +271,68 @@ DEC_API int dec_find_host(void* h, const int64_t* keys, int64_t n, float* values
   });
 }
 DEC_API int dec_find_or_insert_host(void* h, const int64_t* keys, int64_t n, float* values,
-                                    uint8_t* exists) {
+                                    uint8_t* exists, int64_t* evicted) {
   return guarded([&] {
     GpuTable* t = table(h);
     Dev k(8 * n), v(4 * n * t->dim()), e(n);
     h2d(k.p, keys, 8 * n);
-    t->find_or_insert(k.as<int64_t>(), n, v.as<float>(), e.as<uint8_t>(), nullptr);
+    *evicted = t->find_or_insert(k.as<int64_t>(), n, v.as<float>(), e.as<uint8_t>(), nullptr);
     d2h(values, v.p, 4 * n * t->dim());
     d2h(exists, e.p, n);
   });
 }
-DEC_API int dec_insert_or_assign_host(void* h, const int64_t* keys, int64_t n,
-                                      const float* values) {
+DEC_API int dec_insert_or_assign_host(void* h, const int64_t* keys, int64_t n, const float* values,
+                                      int64_t* evicted) {
   return guarded([&] {
     GpuTable* t = table(h);
     Dev k(8 * n), v(4 * n * t->dim());
     h2d(k.p, keys, 8 * n);
     h2d(v.p, values, 4 * n * t->dim());
-    t->insert_or_assign(k.as<int64_t>(), n, v.as<float>(), nullptr);
+    *evicted = t->insert_or_assign(k.as<int64_t>(), n, v.as<float>(), nullptr);
   });
 }
 DEC_API int dec_apply_gradients_host(void* h, const int64_t* keys, int64_t n, const float* grads,
-                                     float lr, int64_t step) {
+                                     float lr, int64_t step, int64_t* evicted) {
   return guarded([&] {
     GpuTable* t = table(h);
     Dev k(8 * n), g(4 * n * t->dim());
     h2d(k.p, keys, 8 * n);
     h2d(g.p, grads, 4 * n * t->dim());
-    t->apply_gradients(k.as<int64_t>(), n, g.as<float>(), lr, step, nullptr);
+    *evicted = t->apply_gradients(k.as<int64_t>(), n, g.as<float>(), lr, step, nullptr);
+  });
+}
+DEC_API int dec_accum_host(void* h, const int64_t* keys, int64_t n, const float* deltas,
+                           const float* old_values, const uint8_t* exists, int64_t* evicted) {
+  return guarded([&] {
+    GpuTable* t = table(h);
+    const size_t rows = 4 * n * t->dim();
+    Dev k(8 * n), d(rows), o(old_values ? rows : 0), e(n);
+    h2d(k.p, keys, 8 * n);
+    h2d(d.p, deltas, rows);
+    h2d(o.p, old_values, rows);
+    h2d(e.p, exists, n);
+    *evicted = t->accum(k.as<int64_t>(), n, d.as<float>(), old_values ? o.as<float>() : nullptr,
+                        e.as<uint8_t>(), nullptr);
+  });
+}
+DEC_API int dec_import_host(void* h, const int64_t* keys, int64_t n, const float* values,
+                            const float* slots, const int64_t* last_update,
+                            const int64_t* update_count, int64_t* evicted) {
+  return guarded([&] {
+    GpuTable* t = table(h);
+    const size_t rows = 4 * n * t->dim(), slot_bytes = rows * t->num_slots();
+    const bool with_slots = slots && slot_bytes;
+    Dev k(8 * n), v(rows), s(with_slots ? slot_bytes : 0), lu(last_update ? 8 * n : 0),
+        uc(update_count ? 8 * n : 0);
+    h2d(k.p, keys, 8 * n);
+    h2d(v.p, values, rows);
+    if (with_slots) h2d(s.p, slots, slot_bytes);
+    h2d(lu.p, last_update, 8 * n);
+    h2d(uc.p, update_count, 8 * n);
+    *evicted =
+        t->import_rows(k.as<int64_t>(), n, v.as<float>(), with_slots ? s.as<float>() : nullptr,
+                       last_update ? lu.as<int64_t>() : nullptr,
+                       update_count ? uc.as<int64_t>() : nullptr, nullptr);
   });
 }
 DEC_API int dec_erase_host(void* h, const int64_t* keys, int64_t n) {
@@ -229,6 +375,24 @@ DEC_API int dec_memcpy(void* dst, const void* src, size_t bytes, int kind) {
 }
 DEC_API int dec_synchronize(void) {
   return guarded([&] { ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize"); });
+}
+DEC_API int dec_read_f32(const float* device, int64_t n, float* host, void* stream) {
+  return guarded([&] {
+    if (n <= 0) return;
+    cudaStream_t s = static_cast<cudaStream_t>(stream);
+    ok(cudaMemcpyAsync(host, device, sizeof(float) * n, cudaMemcpyDeviceToHost, s),
+       "copy from GPU");
+    ok(cudaStreamSynchronize(s), "copy from GPU");
+  });
+}
+DEC_API int dec_fill_f32(float* device, int64_t n, float value, void* stream) {
+  return guarded([&] {
+    if (n <= 0) return;
+    const int64_t blocks = (n + 255) / 256;
+    fill_kernel<<<static_cast<int>(blocks > 4096 ? 4096 : blocks), 256, 0,
+                  static_cast<cudaStream_t>(stream)>>>(device, n, value);
+    ok(cudaGetLastError(), "fill");
+  });
 }
 // Device-to-device copy bandwidth in bytes/s (read + write counted: 2 * bytes per copy), the
 // bound bench_gpu.py divides by.

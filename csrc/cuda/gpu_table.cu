@@ -11,6 +11,7 @@
 #include <cub/cub.cuh>
 
 #include <algorithm>
+#include <cmath>
 
 #include <stdexcept>
 #include <string>
@@ -18,6 +19,7 @@
 #include "bucket_math.h"
 #include "config.h"
 #include "initializer.h"
+#include "semantics/restrict_ranking.h"
 
 namespace dualemb {
 namespace gpu {
@@ -87,36 +89,44 @@ __global__ void unique_keys_kernel(const int64_t* sorted, const int64_t* heads, 
     out[u] = sorted[heads[u]];
 }
 
-__global__ void count_missing_kernel(const int64_t* slot, int64_t n, unsigned long long* count) {
+// Missing keys that `want` (may be null: all) selects for insertion.
+__global__ void count_missing_kernel(const int64_t* slot, const uint8_t* want, int64_t n,
+                                     unsigned long long* count) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
-    if (slot[i] < 0) atomicAdd(count, 1ull);  // an integer count: order does not matter
+    if (slot[i] < 0 && (!want || want[i]))
+      atomicAdd(count, 1ull);  // an integer count: order does not matter
 }
 
-// Claims a slot for each missing distinct key (slot[u] < 0), in probe order, and writes its key,
-// initial row, initial slots and metadata. Distinct keys only, so no two threads insert one key.
+// Claims a slot for each missing distinct key (slot[u] < 0) that `want` (may be null) selects,
+// in probe order, and writes its key, initial row, initial slots and metadata. Distinct keys
+// only, so no two threads insert one key. counters[0]: keys that found no slot (a bug after
+// reserve_for); counters[1]: tombstones reused.
 __global__ void insert_kernel(int64_t* keys, int32_t* occ, float* rows, int64_t* last_update,
                               int64_t* count, uint64_t buckets, int64_t width, int64_t dim,
                               const int64_t* ukeys, int64_t u_count, int64_t* slot,
-                              kernels::InitKernel init, const float* slot_init, int num_slots,
-                              int64_t stamp, unsigned long long* failed) {
+                              const uint8_t* want, kernels::InitKernel init, const float* slot_init,
+                              int num_slots, int64_t stamp, unsigned long long* counters) {
   for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < u_count;
        u += int64_t(gridDim.x) * blockDim.x) {
-    if (slot[u] >= 0) continue;
+    if (slot[u] >= 0 || (want && !want[u])) continue;
     const int64_t key = ukeys[u];
     uint64_t b = home_bucket(key, buckets);
     int64_t got = -1;
     for (uint64_t visited = 0; visited < buckets && got < 0; ++visited) {
       const int64_t base = static_cast<int64_t>(b) * kBucketSlots;
       for (int i = 0; i < kBucketSlots && got < 0; ++i) {
-        if (atomicCAS(&occ[base + i], kEmpty, kBusy) == kEmpty ||
-            atomicCAS(&occ[base + i], kTombstone, kBusy) == kTombstone)
+        if (atomicCAS(&occ[base + i], kEmpty, kBusy) == kEmpty) {
           got = base + i;
+        } else if (atomicCAS(&occ[base + i], kTombstone, kBusy) == kTombstone) {
+          got = base + i;
+          atomicAdd(&counters[1], 1ull);
+        }
       }
       b = (b + 1) & (buckets - 1);
     }
     if (got < 0) {  // cannot happen after reserve_for; reported rather than ignored
-      atomicAdd(failed, 1ull);
+      atomicAdd(&counters[0], 1ull);
       continue;
     }
     keys[got] = key;
@@ -148,16 +158,18 @@ __global__ void gather_kernel(const float* rows, int64_t width, int64_t dim, con
   }
 }
 
-// find_or_insert's rows: exists[i] says whether the key was there before this call.
-__global__ void gather_after_insert_kernel(const float* rows, int64_t width, int64_t dim,
-                                           const int64_t* before, const int64_t* after, int64_t n,
-                                           float* values, uint8_t* exists) {
+// find_or_insert's rows: exists[i] says whether the key was there before this call — the CPU's
+// rule (semantics/row_updates.h stamped_by_this_call): a row stamped by this call is new.
+__global__ void gather_after_insert_kernel(const float* rows, const int64_t* last_update,
+                                           int64_t width, int64_t dim, const int64_t* after,
+                                           int64_t n, int64_t stamp, float* values,
+                                           uint8_t* exists) {
   const int64_t total = n * dim;
   for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
        e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i = e / dim, j = e % dim;
     values[e] = rows[after[i] * width + j];
-    if (exists && j == 0) exists[i] = before[i] >= 0 ? 1 : 0;
+    if (exists && j == 0) exists[i] = last_update[after[i]] == stamp ? 0 : 1;
   }
 }
 
@@ -216,12 +228,103 @@ __global__ void apply_kernel(float* rows, int64_t* last_update, int64_t* count, 
   }
 }
 
+// accum, part 1: which missing distinct keys insert (bucket_math.h accum_inserts).
+__global__ void accum_want_kernel(const int64_t* heads, const int64_t* order, int64_t u_count,
+                                  int64_t n, const uint8_t* exists, uint8_t* want) {
+  for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < u_count;
+       u += int64_t(gridDim.x) * blockDim.x)
+    want[u] = accum_inserts(order, heads[u], segment_end(heads, u, u_count, n), exists) ? 1 : 0;
+}
+
+// accum, part 2: each key's positions in batch order (bucket_math.h accum_segment).
+__global__ void accum_kernel(float* rows, int64_t* last_update, int64_t* count, int64_t width,
+                             int64_t dim, const int64_t* slot, const int64_t* before,
+                             const int64_t* heads, const int64_t* order, int64_t u_count, int64_t n,
+                             const float* deltas, const float* old, const uint8_t* exists,
+                             int64_t stamp) {
+  const int64_t total = u_count * dim;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t u = e / dim, j = e % dim;
+    if (slot[u] < 0) continue;  // absent and never inserted
+    const int64_t applied =
+        accum_segment(order, heads[u], segment_end(heads, u, u_count, n), exists, deltas, old, dim,
+                      j, before[u] >= 0, rows + slot[u] * width + j);
+    if (j == 0 && applied) {
+      last_update[slot[u]] = stamp;
+      bump(&count[slot[u]], applied);
+    }
+  }
+}
+
+// import: the last occurrence of each key gives its row, slots and metadata.
+__global__ void import_kernel(float* rows, int64_t* last_update, int64_t* count, int64_t width,
+                              int64_t dim, const int64_t* slot, const int64_t* heads,
+                              const int64_t* order, int64_t u_count, int64_t n, const float* values,
+                              const float* slots, const int64_t* lu_in, const int64_t* count_in,
+                              int64_t stamp) {
+  const int64_t total = u_count * width;
+  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t u = e / width, c = e % width;
+    const int64_t last = order[segment_end(heads, u, u_count, n) - 1];
+    float* row = rows + slot[u] * width;
+    if (c < dim)
+      row[c] = values[last * dim + c];
+    else if (slots)
+      row[c] = slots[last * (width - dim) + (c - dim)];
+    if (c == 0) {
+      last_update[slot[u]] = lu_in ? lu_in[last] : stamp;
+      const int64_t k = count_in ? count_in[last] : 0;  // imported_count: clamped to uint32
+      count[slot[u]] = k < 0 ? 0 : (k > 0xffffffffll ? 0xffffffffll : k);
+    }
+  }
+}
+
+__global__ void meta_kernel(const int64_t* keys, const int64_t* lu, const int64_t* cnt,
+                            const int64_t* full, int64_t m, int64_t* out_keys, int64_t* out_lu,
+                            int64_t* out_cnt) {
+  for (int64_t r = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; r < m;
+       r += int64_t(gridDim.x) * blockDim.x) {
+    out_keys[r] = keys[full[r]];
+    out_lu[r] = lu[full[r]];
+    out_cnt[r] = cnt[full[r]];
+  }
+}
+
+// Erases the rows at positions `pos` of the list of full slots `full`.
+__global__ void erase_listed_kernel(int32_t* occ, const int64_t* full, const int64_t* pos,
+                                    int64_t k) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < k;
+       i += int64_t(gridDim.x) * blockDim.x)
+    occ[full[pos[i]]] = kTombstone;
+}
+
 __global__ void erase_kernel(int32_t* occ, const int64_t* slot, int64_t n,
                              unsigned long long* erased) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x)
     if (slot[i] >= 0 && atomicCAS(&occ[slot[i]], kFull, kTombstone) == kFull)
       atomicAdd(erased, 1ull);  // duplicates of a key erase it once
+}
+
+// set_optimizer on a non-empty table: the same slots, keys, values and metadata, the slot
+// columns of the new width at the new optimizer's initial values (tombstones become empty).
+__global__ void rewidth_kernel(const int64_t* okeys, const int32_t* oocc, const float* orows,
+                               const int64_t* olu, const int64_t* ocnt, int64_t cap, int64_t owidth,
+                               int64_t dim, int64_t* nkeys, int32_t* nocc, float* nrows,
+                               int64_t* nlu, int64_t* ncnt, int64_t nwidth,
+                               const float* slot_init) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < cap;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    if (oocc[i] != kFull) continue;
+    nkeys[i] = okeys[i];
+    for (int64_t j = 0; j < dim; ++j) nrows[i * nwidth + j] = orows[i * owidth + j];
+    for (int64_t c = dim; c < nwidth; ++c) nrows[i * nwidth + c] = slot_init[(c - dim) / dim];
+    nlu[i] = olu[i];
+    ncnt[i] = ocnt[i];
+    nocc[i] = kFull;
+  }
 }
 
 __global__ void full_flags_kernel(const int32_t* occ, int64_t cap, uint8_t* flags) {
@@ -380,6 +483,16 @@ struct Dedup {
   int64_t count = 0;
 };
 
+// restrict's refusal of NaN scores, with the CPU's message (storage/table_options.cc
+// check_restrict_scores; that file is not linked here: it pulls in the string-value code).
+void check_scores(const int64_t* keys, const float* scores, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (std::isnan(scores[i]))
+      throw std::invalid_argument("the score of key " + std::to_string(keys[i]) + " (position " +
+                                  std::to_string(i) +
+                                  ") is NaN; scores must be numbers (+-inf allowed)");
+}
+
 int64_t read_counter(unsigned long long* d, cudaStream_t stream, const char* what) {
   unsigned long long h = 0;
   check(cudaMemcpyAsync(&h, d, sizeof(h), cudaMemcpyDeviceToHost, stream), what);
@@ -389,6 +502,98 @@ int64_t read_counter(unsigned long long* d, cudaStream_t stream, const char* wha
 
 }  // namespace
 
+// restrict's scratch and steps. Everything a ranking needs (device lists of the full slots and
+// their metadata, host copies, the ranking buffer) is allocated in the constructor, so a write
+// makes it before it changes a row and its capacity eviction cannot fail halfway for memory.
+// The ranking itself is the shared host code (semantics/restrict_ranking.h) over the metadata
+// copied back, so every row keeps or goes exactly as on the CPU.
+class GpuTable::Ranking {
+ public:
+  // cap: the slots of the layout it will walk; rows: the most rows it will rank.
+  Ranking(int64_t cap, int64_t rows, cudaStream_t stream)
+      : flags_(cap, stream, "ranking flags"),
+        full_(cap, stream, "ranking slots"),
+        num_(1, stream, "ranking count"),
+        keys_(rows, stream, "ranking keys"),
+        lu_(rows, stream, "ranking stamps"),
+        cnt_(rows, stream, "ranking counts"),
+        pos_(rows, stream, "ranking erase list"),
+        temp_(select_bytes(cap, stream), stream, "ranking scratch"),
+        cap_(cap),
+        rows_(rows) {
+    hkeys_.reserve(rows);
+    hlu_.reserve(rows);
+    hcnt_.reserve(rows);
+    herase_.reserve(rows);
+    ranks_.reserve(rows);
+    cut_.reserve(rows);
+  }
+
+  // Erases every row but the num_reserved best of `a`; returns how many it erased.
+  int64_t run(const Arrays& a, int64_t num_reserved, const RestrictScorer& scorer,
+              cudaStream_t stream);
+
+ private:
+  static int64_t select_bytes(int64_t cap, cudaStream_t stream) {
+    size_t bytes = 0;
+    thrust::counting_iterator<int64_t> counting(0);
+    cub::DeviceSelect::Flagged(nullptr, bytes, counting, static_cast<uint8_t*>(nullptr),
+                               static_cast<int64_t*>(nullptr), static_cast<int64_t*>(nullptr), cap,
+                               stream);
+    return static_cast<int64_t>(bytes);
+  }
+  Buffer<uint8_t> flags_;
+  Buffer<int64_t> full_, num_, keys_, lu_, cnt_, pos_;
+  Buffer<unsigned char> temp_;
+  int64_t cap_, rows_;
+  std::vector<int64_t> hkeys_, hlu_, hcnt_, herase_;
+  std::vector<Ranked> ranks_, cut_;
+};
+
+int64_t GpuTable::Ranking::run(const Arrays& a, int64_t num_reserved, const RestrictScorer& scorer,
+                               cudaStream_t stream) {
+  if (a.cap != cap_) throw std::logic_error("GPU table: ranking made for another layout (a bug)");
+  full_flags_kernel<<<blocks_for(cap_), kThreads, 0, stream>>>(a.occ, cap_, flags_.get());
+  thrust::counting_iterator<int64_t> counting(0);
+  size_t bytes = static_cast<size_t>(select_bytes(cap_, stream));
+  check(cub::DeviceSelect::Flagged(temp_.get(), bytes, counting, flags_.get(), full_.get(),
+                                   num_.get(), cap_, stream),
+        "ranking rows");
+  int64_t m = 0;
+  check(cudaMemcpyAsync(&m, num_.get(), sizeof(int64_t), cudaMemcpyDeviceToHost, stream),
+        "ranking rows");
+  check(cudaStreamSynchronize(stream), "ranking rows");
+  if (m > rows_) throw std::logic_error("GPU table: more rows than the ranking expected (a bug)");
+  if (m <= num_reserved) return 0;
+  meta_kernel<<<blocks_for(m), kThreads, 0, stream>>>(a.keys, a.last_update, a.count, full_.get(),
+                                                      m, keys_.get(), lu_.get(), cnt_.get());
+  hkeys_.resize(m);  // within the reserved capacity: no allocation
+  hlu_.resize(m);
+  hcnt_.resize(m);
+  check(cudaMemcpyAsync(hkeys_.data(), keys_.get(), 8 * m, cudaMemcpyDeviceToHost, stream),
+        "ranking rows");
+  check(cudaMemcpyAsync(hlu_.data(), lu_.get(), 8 * m, cudaMemcpyDeviceToHost, stream),
+        "ranking rows");
+  check(cudaMemcpyAsync(hcnt_.data(), cnt_.get(), 8 * m, cudaMemcpyDeviceToHost, stream),
+        "ranking rows");
+  check(cudaStreamSynchronize(stream), "ranking rows");
+  ranks_.clear();
+  for (int64_t r = 0; r < m; ++r)
+    ranks_.push_back(scorer.rank(hkeys_[r], hlu_[r], static_cast<uint32_t>(hcnt_[r])));
+  cut_.assign(ranks_.begin(), ranks_.end());
+  const RestrictCut cut(cut_, num_reserved);
+  herase_.clear();
+  for (int64_t r = 0; r < m; ++r)
+    if (cut.keeps_none() || !cut.keeps(ranks_[r])) herase_.push_back(r);
+  const int64_t k = static_cast<int64_t>(herase_.size());
+  if (k == 0) return 0;
+  check(cudaMemcpyAsync(pos_.get(), herase_.data(), 8 * k, cudaMemcpyHostToDevice, stream),
+        "erasing ranked rows");
+  erase_listed_kernel<<<blocks_for(k), kThreads, 0, stream>>>(a.occ, full_.get(), pos_.get(), k);
+  check(cudaStreamSynchronize(stream), "erasing ranked rows");
+  return k;
+}
+
 GpuTable::GpuTable(const std::string& config) {
   Config c = Config::parse(config, "GPU table config");
   dim_ = c.get_int("dim", 0);
@@ -397,9 +602,18 @@ GpuTable::GpuTable(const std::string& config) {
   if (!(max_load_ > 0.0 && max_load_ <= 1.0))
     throw std::invalid_argument("GPU table config: max_load must be in (0, 1]");
   const int64_t hint = c.get_int("capacity_hint", 1024);
+  capacity_ = c.get_int("capacity", 0);
+  if (capacity_ < 0) throw std::invalid_argument("capacity must be >= 0 (0 = unlimited)");
+  const std::string ep = c.get_string("evict_policy", "recency");
+  if (ep == "recency")
+    evict_policy_ = RestrictBy::kRecency;
+  else if (ep == "frequency")
+    evict_policy_ = RestrictBy::kFrequency;
+  else
+    throw std::invalid_argument("unknown evict_policy '" + ep + "' (recency, frequency)");
   init_ = Initializer::from_config(c, dim_);
-  c.check_known({"dim", "max_load", "capacity_hint", "initializer", "seed", "mean", "stddev",
-                 "minval", "maxval", "value", "values"},
+  c.check_known({"dim", "max_load", "capacity_hint", "capacity", "evict_policy", "initializer",
+                 "seed", "mean", "stddev", "minval", "maxval", "value", "values"},
                 "GPU table config");
   init_kernel_ = init_.kernel();
   if (init_kernel_.kind == kernels::InitKernel::kVector) {
@@ -420,17 +634,33 @@ GpuTable::~GpuTable() {
 }
 
 void GpuTable::set_optimizer(const std::string& spec) {
-  if (size_ != 0)
-    throw std::invalid_argument(
-        "GPU table: set_optimizer needs an empty table (rows would need "
-        "slot columns)");
-  std::unique_ptr<Optimizer> opt = make_optimizer(spec);
-  const int64_t w = dim_ * (1 + opt->num_slots());
-  std::unique_ptr<Arrays> fresh(
-      new Arrays(num_buckets_, w, slot_initial_values(opt.get()), nullptr));
-  check(cudaDeviceSynchronize(), "set_optimizer");
+  // As on the CPU (Table::set_optimizer): an empty spec detaches; the same optimizer again
+  // (numbers compared by value) keeps the slots; any other change gives every row the new
+  // optimizer's initial slots. The new layout is built completely before the old one goes.
+  std::unique_ptr<Optimizer> opt;
+  if (!spec.empty() && spec != "{}" && spec != "null") opt = make_optimizer(spec);
+  const bool same = optimizer_ && opt && same_json(optimizer_->spec(), opt->spec());
+  if (!same) {
+    const int new_slots = opt ? opt->num_slots() : 0;
+    const int64_t w = dim_ * (1 + new_slots);
+    std::vector<float> init = slot_initial_values(opt.get());
+    std::unique_ptr<Arrays> fresh(new Arrays(num_buckets_, w, init, nullptr));
+    const Arrays& o = *arrays_;
+    if (size_ > 0)
+      rewidth_kernel<<<blocks_for(o.cap), kThreads>>>(
+          o.keys, o.occ, o.rows, o.last_update, o.count, o.cap, width(), dim_, fresh->keys,
+          fresh->occ, fresh->rows, fresh->last_update, fresh->count, w, fresh->slot_init);
+    check(cudaDeviceSynchronize(), "set_optimizer");
+    arrays_ = std::move(fresh);
+    tombstones_ = 0;
+  }
   optimizer_ = std::move(opt);
-  arrays_ = std::move(fresh);
+  ++clock_;  // a change of optimizer is a write, as on the CPU (checkpoint saves detect it)
+}
+
+void GpuTable::reserve(int64_t rows, cudaStream_t stream) {
+  if (rows < 0) throw std::invalid_argument("reserve: rows must be >= 0");
+  if (rows > size_) reserve_for(rows - size_, stream);
 }
 
 void GpuTable::locate(const int64_t* keys, int64_t n, int64_t* slots, cudaStream_t stream) const {
@@ -442,7 +672,9 @@ void GpuTable::locate(const int64_t* keys, int64_t n, int64_t* slots, cudaStream
 
 void GpuTable::reserve_for(int64_t extra, cudaStream_t stream) {
   const int64_t need = size_ + extra;
-  if (static_cast<double>(need) <= max_load_ * static_cast<double>(arrays_->cap)) return;
+  // Erased slots count against the load until a rehash drops them: probes walk past them.
+  if (static_cast<double>(need + tombstones_) <= max_load_ * static_cast<double>(arrays_->cap))
+    return;
   const uint64_t buckets = buckets_for(need, max_load_);
   std::unique_ptr<Arrays> fresh(
       new Arrays(buckets, width(), slot_initial_values(optimizer_.get()), stream));
@@ -456,6 +688,60 @@ void GpuTable::reserve_for(int64_t extra, cudaStream_t stream) {
     throw std::logic_error("GPU table: rehash lost rows (a bug); the table is unchanged");
   arrays_ = std::move(fresh);
   num_buckets_ = buckets;
+  tombstones_ = 0;
+}
+
+std::unique_ptr<GpuTable::Ranking> GpuTable::eviction_for(int64_t rows_after,
+                                                          cudaStream_t stream) const {
+  if (capacity_ <= 0 || rows_after <= capacity_) return nullptr;
+  return std::unique_ptr<Ranking>(new Ranking(arrays_->cap, rows_after, stream));
+}
+
+int64_t GpuTable::evict(Ranking* ranking, cudaStream_t stream) {
+  if (!ranking) return 0;
+  const RestrictScorer scorer(evict_policy_, nullptr, nullptr, 0);
+  const int64_t removed = ranking->run(*arrays_, capacity_, scorer, stream);
+  size_ -= removed;
+  tombstones_ += removed;
+  evicted_total_ += removed;
+  return removed;
+}
+
+int64_t GpuTable::insert_distinct(const int64_t* ukeys, int64_t u_count, int64_t* uslot,
+                                  const uint8_t* want, int64_t* before,
+                                  std::unique_ptr<Ranking>* ranking, int64_t* stamp,
+                                  cudaStream_t stream) {
+  Buffer<unsigned long long> counters(2, stream, "counters");
+  check(cudaMemsetAsync(counters.get(), 0, 2 * sizeof(unsigned long long), stream), "counters");
+  locate(ukeys, u_count, uslot, stream);
+  if (u_count)
+    count_missing_kernel<<<blocks_for(u_count), kThreads, 0, stream>>>(uslot, want, u_count,
+                                                                       counters.get());
+  const int64_t missing = read_counter(counters.get(), stream, "counting new keys");
+  const Arrays* layout = arrays_.get();
+  reserve_for(missing, stream);
+  if (arrays_.get() != layout) locate(ukeys, u_count, uslot, stream);  // rehashed
+  *ranking = eviction_for(size_ + missing, stream);
+  if (before && u_count)
+    check(cudaMemcpyAsync(before, uslot, 8 * u_count, cudaMemcpyDeviceToDevice, stream),
+          "copying located slots");
+  check(cudaMemsetAsync(counters.get(), 0, 2 * sizeof(unsigned long long), stream), "counters");
+  // Everything is allocated: from here on the call writes, and cannot fail for memory.
+  *stamp = ++clock_;
+  if (missing)
+    insert_kernel<<<blocks_for(u_count), kThreads, 0, stream>>>(
+        arrays_->keys, arrays_->occ, arrays_->rows, arrays_->last_update, arrays_->count,
+        arrays_->buckets, width(), dim_, ukeys, u_count, uslot, want, init_kernel_,
+        arrays_->slot_init, num_slots(), *stamp, counters.get());
+  unsigned long long h[2] = {0, 0};
+  check(cudaMemcpyAsync(h, counters.get(), sizeof(h), cudaMemcpyDeviceToHost, stream),
+        "inserting keys");
+  check(cudaStreamSynchronize(stream), "inserting keys");
+  if (h[0] != 0)
+    throw std::logic_error("GPU table: insert found no free slot after reserve (a bug)");
+  size_ += missing;
+  tombstones_ -= static_cast<int64_t>(h[1]);
+  return missing;
 }
 
 void GpuTable::find(const int64_t* keys, int64_t n, float* values, uint8_t* exists,
@@ -470,60 +756,97 @@ void GpuTable::find(const int64_t* keys, int64_t n, float* values, uint8_t* exis
 
 int64_t GpuTable::find_or_insert(const int64_t* keys, int64_t n, float* values, uint8_t* exists,
                                  cudaStream_t stream) {
-  if (n == 0) return 0;
+  if (n == 0) {
+    ++clock_;  // a write, as on the CPU
+    return 0;
+  }
   Dedup d(keys, n, stream);
   Buffer<int64_t> uslot(d.count, stream, "distinct slots");
-  Buffer<int64_t> before(n, stream, "slots before"), after(n, stream, "slots after");
-  Buffer<unsigned long long> counter(1, stream, "counter");
-  check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
-  locate(d.ukeys.get(), d.count, uslot.get(), stream);
-  count_missing_kernel<<<blocks_for(d.count), kThreads, 0, stream>>>(uslot.get(), d.count,
-                                                                     counter.get());
-  const int64_t missing = read_counter(counter.get(), stream, "counting new keys");
-  reserve_for(missing, stream);                   // may rehash: locate again below
-  locate(keys, n, before.get(), stream);
-  locate(d.ukeys.get(), d.count, uslot.get(), stream);
-  check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
-  const int64_t stamp = ++clock_;
-  insert_kernel<<<blocks_for(d.count), kThreads, 0, stream>>>(
-      arrays_->keys, arrays_->occ, arrays_->rows, arrays_->last_update, arrays_->count,
-      arrays_->buckets, width(), dim_, d.ukeys.get(), d.count, uslot.get(), init_kernel_,
-      arrays_->slot_init, num_slots(), stamp, counter.get());
-  size_ += missing;
+  Buffer<int64_t> after(n, stream, "slots after");
+  std::unique_ptr<Ranking> ranking;
+  int64_t stamp = 0;
+  insert_distinct(d.ukeys.get(), d.count, uslot.get(), nullptr, nullptr, &ranking, &stamp, stream);
   locate(keys, n, after.get(), stream);
   gather_after_insert_kernel<<<blocks_for(n * dim_), kThreads, 0, stream>>>(
-      arrays_->rows, width(), dim_, before.get(), after.get(), n, values, exists);
-  if (read_counter(counter.get(), stream, "find_or_insert") != 0)
-    throw std::logic_error("GPU table: insert found no free slot after reserve (a bug)");
-  return 0;  // rows evicted: no capacity eviction on the GPU table yet
+      arrays_->rows, arrays_->last_update, width(), dim_, after.get(), n, stamp, values, exists);
+  check(cudaGetLastError(), "find_or_insert");
+  return evict(ranking.get(), stream);  // after the rows are read, as the CPU returns them
 }
 
 int64_t GpuTable::insert_or_assign(const int64_t* keys, int64_t n, const float* values,
                                    cudaStream_t stream) {
-  if (n == 0) return 0;
+  if (n == 0) {
+    ++clock_;
+    return 0;
+  }
   Dedup d(keys, n, stream);
   Buffer<int64_t> uslot(d.count, stream, "distinct slots");
-  Buffer<unsigned long long> counter(1, stream, "counter");
-  check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
-  locate(d.ukeys.get(), d.count, uslot.get(), stream);
-  count_missing_kernel<<<blocks_for(d.count), kThreads, 0, stream>>>(uslot.get(), d.count,
-                                                                     counter.get());
-  const int64_t missing = read_counter(counter.get(), stream, "counting new keys");
-  reserve_for(missing, stream);
-  locate(d.ukeys.get(), d.count, uslot.get(), stream);
-  check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
-  const int64_t stamp = ++clock_;
-  insert_kernel<<<blocks_for(d.count), kThreads, 0, stream>>>(
-      arrays_->keys, arrays_->occ, arrays_->rows, arrays_->last_update, arrays_->count,
-      arrays_->buckets, width(), dim_, d.ukeys.get(), d.count, uslot.get(), init_kernel_,
-      arrays_->slot_init, num_slots(), stamp, counter.get());
-  size_ += missing;
+  std::unique_ptr<Ranking> ranking;
+  int64_t stamp = 0;
+  insert_distinct(d.ukeys.get(), d.count, uslot.get(), nullptr, nullptr, &ranking, &stamp, stream);
   assign_kernel<<<blocks_for(d.count * dim_), kThreads, 0, stream>>>(
       arrays_->rows, arrays_->last_update, arrays_->count, width(), dim_, uslot.get(),
       d.heads.get(), d.order.get(), d.count, n, values, stamp);
-  if (read_counter(counter.get(), stream, "insert_or_assign") != 0)
-    throw std::logic_error("GPU table: insert found no free slot after reserve (a bug)");
-  return 0;
+  check(cudaGetLastError(), "insert_or_assign");
+  return evict(ranking.get(), stream);
+}
+
+int64_t GpuTable::accum(const int64_t* keys, int64_t n, const float* deltas, const float* old,
+                        const uint8_t* exists, cudaStream_t stream) {
+  if (n == 0) {
+    ++clock_;
+    return 0;
+  }
+  Dedup d(keys, n, stream);
+  Buffer<int64_t> uslot(d.count, stream, "distinct slots"), before(d.count, stream, "before");
+  Buffer<uint8_t> want(d.count, stream, "accum inserts");
+  accum_want_kernel<<<blocks_for(d.count), kThreads, 0, stream>>>(d.heads.get(), d.order.get(),
+                                                                  d.count, n, exists, want.get());
+  std::unique_ptr<Ranking> ranking;
+  int64_t stamp = 0;
+  insert_distinct(d.ukeys.get(), d.count, uslot.get(), want.get(), before.get(), &ranking, &stamp,
+                  stream);
+  accum_kernel<<<blocks_for(d.count * dim_), kThreads, 0, stream>>>(
+      arrays_->rows, arrays_->last_update, arrays_->count, width(), dim_, uslot.get(), before.get(),
+      d.heads.get(), d.order.get(), d.count, n, deltas, old, exists, stamp);
+  check(cudaGetLastError(), "accum");
+  return evict(ranking.get(), stream);
+}
+
+int64_t GpuTable::import_rows(const int64_t* keys, int64_t n, const float* values,
+                              const float* slots, const int64_t* last_update,
+                              const int64_t* update_count, cudaStream_t stream) {
+  if (n == 0) {
+    ++clock_;
+    return 0;
+  }
+  Dedup d(keys, n, stream);
+  Buffer<int64_t> uslot(d.count, stream, "distinct slots");
+  Buffer<int64_t> max_lu(1, stream, "import max stamp");
+  size_t bytes = 0;
+  if (last_update) cub::DeviceReduce::Max(nullptr, bytes, last_update, max_lu.get(), n, stream);
+  Buffer<unsigned char> temp(static_cast<int64_t>(bytes), stream, "import scratch");
+  int64_t newest = 0;
+  if (last_update) {
+    check(cub::DeviceReduce::Max(temp.get(), bytes, last_update, max_lu.get(), n, stream),
+          "import stamps");
+    check(cudaMemcpyAsync(&newest, max_lu.get(), 8, cudaMemcpyDeviceToHost, stream),
+          "import stamps");
+    check(cudaStreamSynchronize(stream), "import stamps");
+  }
+  std::unique_ptr<Ranking> ranking;
+  int64_t stamp = 0;
+  insert_distinct(d.ukeys.get(), d.count, uslot.get(), nullptr, nullptr, &ranking, &stamp, stream);
+  import_kernel<<<blocks_for(d.count * width()), kThreads, 0, stream>>>(
+      arrays_->rows, arrays_->last_update, arrays_->count, width(), dim_, uslot.get(),
+      d.heads.get(), d.order.get(), d.count, n, values, num_slots() ? slots : nullptr, last_update,
+      update_count, stamp);
+  check(cudaGetLastError(), "import");
+  if (last_update) {
+    const int64_t mx = newest > 0 ? newest : 0;  // clock_after_import over the batch's maximum
+    clock_ = clock_after_import(clock_, &mx, 1);
+  }
+  return evict(ranking.get(), stream);
 }
 
 int64_t GpuTable::apply_gradients(const int64_t* keys, int64_t n, const float* grads, float lr,
@@ -532,35 +855,41 @@ int64_t GpuTable::apply_gradients(const int64_t* keys, int64_t n, const float* g
     throw std::invalid_argument("apply_gradients: this table has no optimizer attached");
   // Host-side first: validates (lr, step) and computes the per-batch scalars exactly as the CPU.
   const StepArgs args = optimizer_->prepare(lr, step);
-  if (n == 0) return 0;
+  if (n == 0) {
+    ++clock_;
+    return 0;
+  }
   const kernels::StepScalars scalars = step_scalars(args);
   const kernels::OptimizerKernel k = optimizer_->kernel();
   Dedup d(keys, n, stream);
   Buffer<int64_t> uslot(d.count, stream, "distinct slots");
   Buffer<float> summed(d.count * dim_, stream, "summed gradients");
-  Buffer<unsigned long long> counter(1, stream, "counter");
-  check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
-  locate(d.ukeys.get(), d.count, uslot.get(), stream);
-  count_missing_kernel<<<blocks_for(d.count), kThreads, 0, stream>>>(uslot.get(), d.count,
-                                                                     counter.get());
-  const int64_t missing = read_counter(counter.get(), stream, "counting new keys");
-  reserve_for(missing, stream);
-  locate(d.ukeys.get(), d.count, uslot.get(), stream);
-  check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
-  const int64_t stamp = ++clock_;
-  insert_kernel<<<blocks_for(d.count), kThreads, 0, stream>>>(
-      arrays_->keys, arrays_->occ, arrays_->rows, arrays_->last_update, arrays_->count,
-      arrays_->buckets, width(), dim_, d.ukeys.get(), d.count, uslot.get(), init_kernel_,
-      arrays_->slot_init, num_slots(), stamp, counter.get());
-  size_ += missing;
+  std::unique_ptr<Ranking> ranking;
+  int64_t stamp = 0;
+  insert_distinct(d.ukeys.get(), d.count, uslot.get(), nullptr, nullptr, &ranking, &stamp, stream);
   segment_sum_kernel<<<blocks_for(d.count * dim_), kThreads, 0, stream>>>(
       d.heads.get(), d.order.get(), d.count, n, grads, dim_, summed.get());
   apply_kernel<<<blocks_for(d.count * dim_), kThreads, 0, stream>>>(
       arrays_->rows, arrays_->last_update, arrays_->count, width(), dim_, uslot.get(), d.count,
       summed.get(), k, scalars, stamp);
-  if (read_counter(counter.get(), stream, "apply_gradients") != 0)
-    throw std::logic_error("GPU table: insert found no free slot after reserve (a bug)");
-  return 0;
+  check(cudaGetLastError(), "apply_gradients");
+  return evict(ranking.get(), stream);
+}
+
+int64_t GpuTable::restrict_rows(int64_t num_reserved, RestrictBy by, const int64_t* keys_host,
+                                const float* scores_host, int64_t n, cudaStream_t stream) {
+  if (num_reserved < 0) throw std::invalid_argument("restrict: num_reserved must be >= 0");
+  if (by == RestrictBy::kCustom) check_scores(keys_host, scores_host, n);
+  int64_t removed = 0;
+  if (size_ > num_reserved) {
+    const RestrictScorer scorer(by, keys_host, scores_host, n);
+    Ranking ranking(arrays_->cap, size_, stream);
+    removed = ranking.run(*arrays_, num_reserved, scorer, stream);
+    size_ -= removed;
+    tombstones_ += removed;
+  }
+  ++clock_;
+  return removed;
 }
 
 void GpuTable::erase(const int64_t* keys, int64_t n, cudaStream_t stream) {
@@ -571,7 +900,9 @@ void GpuTable::erase(const int64_t* keys, int64_t n, cudaStream_t stream) {
   check(cudaMemsetAsync(counter.get(), 0, sizeof(unsigned long long), stream), "counter");
   locate(keys, n, slot.get(), stream);
   erase_kernel<<<blocks_for(n), kThreads, 0, stream>>>(arrays_->occ, slot.get(), n, counter.get());
-  size_ -= read_counter(counter.get(), stream, "erase");
+  const int64_t erased = read_counter(counter.get(), stream, "erase");
+  size_ -= erased;
+  tombstones_ += erased;
 }
 
 void GpuTable::clear(cudaStream_t stream) {
@@ -579,6 +910,7 @@ void GpuTable::clear(cudaStream_t stream) {
   check(cudaMemsetAsync(arrays_->occ, 0, sizeof(int32_t) * arrays_->cap, stream), "clear");
   check(cudaStreamSynchronize(stream), "clear");
   size_ = 0;
+  tombstones_ = 0;
 }
 
 int64_t GpuTable::size(cudaStream_t stream) const {

@@ -12,11 +12,13 @@
 // Adding a target: its handler in ffi_<concern>.cc, its entry here, its twin in _host.py
 // (decorated @twin), its wrapper in _ffi.py.
 //
-// Adding a platform (CUDA handlers in new files): give the entries a column rather than
-// starting a second list, e.g. X(name, CUDA) with CUDA 1 where a handler dualemb_<name>_cuda
-// exists; declare those symbols from the column here, and have module.cc return one dict per
-// platform ({"cpu": {...}, "CUDA": {...}}) for _ffi.py to register, so that a target is still
-// named once.
+// The second column says whether the target also has a CUDA handler, dualemb_<name>_cuda
+// (csrc/jax/cuda/ffi_cuda.cc, on a GPU table's device buffers and XLA's stream), built into the
+// module dualemb._jax_ffi_cuda only where the GPU table (libdualemb_cuda.so) is built; that
+// module hands out {target: capsule} for the entries marked 1 and dualemb/jax/_ffi.py registers
+// them under the same target names for the platform "CUDA". A target is still named once.
+// tests/repo/test_op_lists.py checks that the _cuda symbols defined in csrc/jax/cuda are exactly
+// the entries marked 1.
 #ifndef DUALEMB_JAX_FFI_HANDLERS_H_
 #define DUALEMB_JAX_FFI_HANDLERS_H_
 
@@ -24,29 +26,38 @@
 
 #define DUALEMB_JAX_FFI_TARGETS(X)      \
   /* Reads (ffi_read.cc). */            \
-  X(find)                               \
-  X(size)                               \
-  X(export)                             \
-  X(after)                              \
+  X(find, 1)                            \
+  X(size, 0)                            \
+  X(export, 0)                          \
+  X(after, 0)                           \
   /* Writes (ffi_write.cc). */          \
-  X(find_or_insert)                     \
-  X(insert_or_assign)                   \
-  X(insert_masked)                      \
-  X(accum)                              \
-  X(erase)                              \
+  X(find_or_insert, 1)                  \
+  X(insert_or_assign, 0)                \
+  X(insert_masked, 0)                   \
+  X(accum, 0)                           \
+  X(erase, 0)                           \
   /* Training (ffi_train.cc). */        \
-  X(apply_gradients)                    \
-  X(unique)                             \
+  X(apply_gradients, 1)                 \
+  X(unique, 0)                          \
   /* Sharded path (ffi_exchange.cc). */ \
-  X(exchange_check)                     \
-  X(apply_gradients_first)              \
+  X(exchange_check, 0)                  \
+  X(apply_gradients_first, 0)           \
   /* Many tables (ffi_many.cc). */      \
-  X(find_many)                          \
-  X(find_or_insert_many)                \
-  X(apply_gradients_many)
+  X(find_many, 0)                       \
+  X(find_or_insert_many, 0)             \
+  X(apply_gradients_many, 0)
 
-#define DUALEMB_JAX_DECLARE_HANDLER(name) XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_##name);
+// DUALEMB_JAX_IF_CUDA_<0|1>(x): x for the entries with a CUDA handler.
+#define DUALEMB_JAX_IF_CUDA_0(x)
+#define DUALEMB_JAX_IF_CUDA_1(x) x
+
+#define DUALEMB_JAX_DECLARE_HANDLER(name, cuda) XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_##name);
 DUALEMB_JAX_FFI_TARGETS(DUALEMB_JAX_DECLARE_HANDLER)
 #undef DUALEMB_JAX_DECLARE_HANDLER
+
+#define DUALEMB_JAX_DECLARE_CUDA_HANDLER(name, cuda) \
+  DUALEMB_JAX_IF_CUDA_##cuda(XLA_FFI_DECLARE_HANDLER_SYMBOL(dualemb_##name##_cuda);)
+DUALEMB_JAX_FFI_TARGETS(DUALEMB_JAX_DECLARE_CUDA_HANDLER)
+#undef DUALEMB_JAX_DECLARE_CUDA_HANDLER
 
 #endif  // DUALEMB_JAX_FFI_HANDLERS_H_

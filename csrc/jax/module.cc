@@ -23,7 +23,7 @@ PYBIND11_MODULE(_jax_ffi, m) {
       "registrations",
       []() {
         py::dict d;
-#define DUALEMB_JAX_ADD_TARGET(name) d["dualemb_" #name] = Encapsulate(dualemb_##name);
+#define DUALEMB_JAX_ADD_TARGET(name, cuda) d["dualemb_" #name] = Encapsulate(dualemb_##name);
         DUALEMB_JAX_FFI_TARGETS(DUALEMB_JAX_ADD_TARGET)
 #undef DUALEMB_JAX_ADD_TARGET
         return d;

@@ -47,10 +47,21 @@ def _declare(lib) -> None:
         "dec_num_slots": (c.c_int, [c.c_void_p, c.POINTER(c.c_int)]),
         "dec_clear": (c.c_int, [c.c_void_p]),
         "dec_find_host": (c.c_int, [c.c_void_p, i64p, c.c_int64, f32p, u8p]),
-        "dec_find_or_insert_host": (c.c_int, [c.c_void_p, i64p, c.c_int64, f32p, u8p]),
-        "dec_insert_or_assign_host": (c.c_int, [c.c_void_p, i64p, c.c_int64, f32p]),
+        "dec_find_or_insert_host": (c.c_int, [c.c_void_p, i64p, c.c_int64, f32p, u8p, i64p]),
+        "dec_insert_or_assign_host": (c.c_int, [c.c_void_p, i64p, c.c_int64, f32p, i64p]),
         "dec_apply_gradients_host": (c.c_int, [c.c_void_p, i64p, c.c_int64, f32p, c.c_float,
-                                               c.c_int64]),
+                                               c.c_int64, i64p]),
+        "dec_accum_host": (c.c_int, [c.c_void_p, i64p, c.c_int64, f32p, f32p, u8p, i64p]),
+        "dec_import_host": (c.c_int, [c.c_void_p, i64p, c.c_int64, f32p, f32p, i64p, i64p,
+                                      i64p]),
+        "dec_restrict": (c.c_int, [c.c_void_p, c.c_int64, c.c_int, i64p, f32p, c.c_int64,
+                                   i64p]),
+        "dec_get_clock": (c.c_int, [c.c_void_p, i64p]),
+        "dec_set_clock": (c.c_int, [c.c_void_p, c.c_int64]),
+        "dec_evicted_total": (c.c_int, [c.c_void_p, i64p]),
+        "dec_dim": (c.c_int, [c.c_void_p, i64p]),
+        "dec_reserve": (c.c_int, [c.c_void_p, c.c_int64]),
+        "dec_table_id": (c.c_int, [c.c_void_p, i64p]),
         "dec_erase_host": (c.c_int, [c.c_void_p, i64p, c.c_int64]),
         "dec_export_host": (c.c_int, [c.c_void_p, c.c_int64, c.c_int64, i64p, f32p, f32p, i64p,
                                       i64p, i64p]),
@@ -132,27 +143,126 @@ def _keys(keys) -> np.ndarray:
     return np.ascontiguousarray(k)
 
 
-class GpuTable:
-    """A float32 table resident in GPU memory; numpy in and out (see gpu_table.h)."""
+_POLICIES = {"recency": 0, "frequency": 1}
+_INIT_KEYS = ("initializer", "seed", "mean", "stddev", "minval", "maxval", "value", "values")
 
-    def __init__(self, dim: int, initializer: str = "zeros", optimizer=None, **config):
+
+def _i64(a, n: int, name: str):
+    """An int64 metadata array of n entries, or None."""
+    if a is None:
+        return None
+    a = np.ascontiguousarray(np.asarray(a), np.int64)
+    if a.shape != (n,):
+        raise ValueError(f"{name} has shape {a.shape}, expected ({n},)")
+    return a
+
+
+class GpuTable:
+    """A float32 table resident in GPU memory; numpy in and out (see gpu_table.h).
+
+    Its interface is the CPU :class:`dualemb.core.Table`'s where the GPU table has the
+    operation (find, find_or_insert, insert_or_assign, accum, accum_rows, erase, clear, size,
+    reserve, apply_gradients, restrict, export, import_rows, clock, evicted_total, describe,
+    slot_names), so ``dualemb.core.checkpoint.save`` writes it in the common format and
+    ``dualemb.core.checkpoint.load(path, tables={name: gpu_table})`` reads any checkpoint of a
+    float32 int64-key table into it. Writes return the number of rows a capacity evicted.
+    """
+
+    def __init__(self, dim: int, initializer=None, optimizer=None, *, capacity: int = 0,
+                 evict_policy: str = "recency", key_dtype="int64", value_dtype="float32",
+                 name=None, capacity_hint: int | None = None, max_load: float | None = None,
+                 **initializer_members):
+        if str(np.dtype(key_dtype)) != "int64":
+            raise ValueError(f"a GPU table has int64 keys, got key_dtype {key_dtype!r}")
+        if str(value_dtype) != "float32":
+            raise ValueError(f"a GPU table stores float32 values, got value_dtype "
+                             f"{value_dtype!r} (float16/bfloat16/float64 stay on the CPU tables)")
+        del name  # accepted for the checkpoint loader's calls; GPU tables are not named
+        if initializer_members:  # GpuTable(8, initializer="normal", seed=7, stddev=0.5)
+            if not isinstance(initializer, (str, type(None))):
+                raise TypeError(f"unexpected arguments {sorted(initializer_members)}")
+            initializer = {"initializer": initializer or "zeros", **initializer_members}
         lib = library()
-        cfg = {"dim": int(dim), "initializer": initializer, **config}
+        # The CPU core parses the same arguments: its description (canonical initializer and
+        # optimizer) is this table's, and a bad argument fails the same way on both.
+        from dualemb.core.table import Table as _CpuTable
+
+        twin = _CpuTable(int(dim), initializer=initializer, optimizer=optimizer,
+                         capacity=capacity, evict_policy=evict_policy)
+        try:
+            self._description = twin.describe()
+            self._slot_names = list(twin.slot_names)
+        finally:
+            twin.destroy()
+        config = self._description[0]
+        cfg = {k: config[k] for k in _INIT_KEYS if k in config}
+        cfg.update(dim=int(dim), capacity=int(config.get("capacity", 0)),
+                   evict_policy=str(config.get("evict_policy", "recency")))
+        if capacity_hint is not None:
+            cfg["capacity_hint"] = int(capacity_hint)
+        if max_load is not None:
+            cfg["max_load"] = float(max_load)
         self.dim = int(dim)
         self._h = ctypes.c_void_p()
         _check(lib.dec_table_create(json.dumps(cfg).encode(), ctypes.byref(self._h)))
         self.num_slots = 0
+        self.last_evicted = 0
         if optimizer is not None:
-            from dualemb.core.optimizers import spec_string
-
             try:
-                _check(lib.dec_set_optimizer(self._h, spec_string(optimizer).encode()))
+                self._attach(optimizer)
             except Exception:
                 self.destroy()
                 raise
-            n = ctypes.c_int(0)
-            _check(lib.dec_num_slots(self._h, ctypes.byref(n)))
-            self.num_slots = n.value
+
+    # -- description (what the checkpoint writer and loader read) ----------------------------
+
+    key_dtype = np.dtype(np.int64)
+    key_dtype_name = "int64"
+    value_dtype = np.dtype(np.float32)
+
+    @property
+    def id(self) -> int:
+        """The table's id in the GPU registry (what a JAX handle of it holds)."""
+        out = ctypes.c_int64(0)
+        _check(library().dec_table_id(self._h, ctypes.byref(out)))
+        return out.value
+
+    def describe(self) -> tuple[dict, dict | None]:
+        """(config, optimizer spec or None), as the CPU core describes the same table."""
+        config, opt = self._description
+        return dict(config), (None if opt is None else dict(opt))
+
+    @property
+    def slot_names(self) -> list[str]:
+        return list(self._slot_names)
+
+    @property
+    def optimizer(self) -> dict | None:
+        return self._description[1]
+
+    def _attach(self, optimizer) -> None:
+        from dualemb.core.optimizers import spec_string
+
+        spec = spec_string(optimizer) if optimizer is not None else ""
+        _check(library().dec_set_optimizer(self._h, spec.encode()))
+        n = ctypes.c_int(0)
+        _check(library().dec_num_slots(self._h, ctypes.byref(n)))
+        self.num_slots = n.value
+
+    def set_optimizer(self, optimizer) -> None:
+        """Attaches (None: detaches) a fused optimizer, as the CPU table does: the same one again
+        keeps the slots, another gives every row its initial slots."""
+        from dualemb.core.table import Table as _CpuTable
+
+        config, _ = self._description
+        keep = {k: v for k, v in config.items() if k not in ("dim", "num_threads")}
+        twin = _CpuTable(self.dim, optimizer=optimizer, **_cpu_config(keep))
+        try:
+            description, slot_names = twin.describe(), list(twin.slot_names)
+        finally:
+            twin.destroy()
+        self._attach(optimizer)
+        self._description, self._slot_names = description, slot_names
 
     def destroy(self) -> None:
         if self._h:
@@ -165,11 +275,17 @@ class GpuTable:
         except Exception:
             pass
 
-    def _rows(self, values, n: int) -> np.ndarray:
+    def _rows(self, values, n: int, what: str = "rows") -> np.ndarray:
         v = np.ascontiguousarray(np.asarray(values, np.float32))
         if v.shape != (n, self.dim):
-            raise ValueError(f"expected rows of shape {(n, self.dim)}, got {v.shape}")
+            raise ValueError(f"expected {what} of shape {(n, self.dim)}, got {v.shape}")
         return v
+
+    def _evicted(self, out: ctypes.c_int64) -> int:
+        self.last_evicted = out.value
+        return out.value
+
+    # -- batched operations --------------------------------------------------------------------
 
     def find(self, keys):
         k = _keys(keys)
@@ -183,22 +299,54 @@ class GpuTable:
         k = _keys(keys)
         values = np.empty((len(k), self.dim), np.float32)
         exists = np.empty(len(k), np.uint8)
+        ev = ctypes.c_int64(0)
         _check(library().dec_find_or_insert_host(self._h, _ptr(k, ctypes.c_int64), len(k),
                                                  _ptr(values, ctypes.c_float),
-                                                 _ptr(exists, ctypes.c_uint8)))
+                                                 _ptr(exists, ctypes.c_uint8), ctypes.byref(ev)))
+        self._evicted(ev)
         return values, exists.astype(bool)
 
-    def insert_or_assign(self, keys, values) -> None:
+    def insert_or_assign(self, keys, values) -> int:
         k = _keys(keys)
         v = self._rows(values, len(k))
+        ev = ctypes.c_int64(0)
         _check(library().dec_insert_or_assign_host(self._h, _ptr(k, ctypes.c_int64), len(k),
-                                                   _ptr(v, ctypes.c_float)))
+                                                   _ptr(v, ctypes.c_float), ctypes.byref(ev)))
+        return self._evicted(ev)
 
-    def apply_gradients(self, keys, grads, lr: float, step: int) -> None:
+    def _accum(self, keys, new_values, old_values, exists) -> int:
         k = _keys(keys)
-        g = self._rows(grads, len(k))
+        d = self._rows(new_values, len(k), "deltas")
+        o = None if old_values is None else self._rows(old_values, len(k), "old values")
+        e = np.ascontiguousarray(np.asarray(exists))
+        if e.dtype != np.bool_ or e.shape != (len(k),):
+            raise ValueError(f"exists must be a bool array of shape ({len(k)},)")
+        e = e.astype(np.uint8)
+        ev = ctypes.c_int64(0)
+        _check(library().dec_accum_host(self._h, _ptr(k, ctypes.c_int64), len(k),
+                                        _ptr(d, ctypes.c_float),
+                                        None if o is None else _ptr(o, ctypes.c_float),
+                                        _ptr(e, ctypes.c_uint8), ctypes.byref(ev)))
+        return self._evicted(ev)
+
+    def accum(self, keys, deltas, exists) -> int:
+        """TFRA's accum rule (the CPU table's ``accum``)."""
+        return self._accum(keys, deltas, None, exists)
+
+    def accum_rows(self, keys, old_values, new_values, exists) -> int:
+        """accum with delta = new - old where exists, else new (the CPU's ``accum_rows``)."""
+        return self._accum(keys, new_values, old_values, exists)
+
+    def apply_gradients(self, keys, grads, lr: float, step: int) -> int:
+        k = _keys(keys)
+        g = self._rows(grads, len(k), "gradients")
+        if isinstance(step, bool) or int(step) != step:
+            raise TypeError(f"step must be an integer, got {step!r}")
+        ev = ctypes.c_int64(0)
         _check(library().dec_apply_gradients_host(self._h, _ptr(k, ctypes.c_int64), len(k),
-                                                  _ptr(g, ctypes.c_float), float(lr), int(step)))
+                                                  _ptr(g, ctypes.c_float), float(lr), int(step),
+                                                  ctypes.byref(ev)))
+        return self._evicted(ev)
 
     def erase(self, keys) -> None:
         k = _keys(keys)
@@ -212,27 +360,110 @@ class GpuTable:
         _check(library().dec_size(self._h, ctypes.byref(n)))
         return n.value
 
-    def export(self, page: int = 1 << 16) -> dict:
-        """Every row, in pages of ``page`` rows: keys, values, slots [n, num_slots, dim],
-        last_update, update_count."""
-        num_slots = self.num_slots
-        parts = []
+    def __len__(self) -> int:
+        return self.size()
+
+    def reserve(self, n: int) -> None:
+        _check(library().dec_reserve(self._h, int(n)))
+
+    def restrict(self, num_reserved: int, by="recency", keys=None, scores=None) -> int:
+        """The CPU table's ``restrict``: keeps the num_reserved best rows; returns how many
+        were erased."""
+        removed = ctypes.c_int64(0)
+        if by == "custom":
+            if keys is None or scores is None:
+                raise ValueError("restrict(by='custom') needs keys and scores")
+            k = _keys(np.asarray(keys).reshape(-1))
+            sc = np.ascontiguousarray(np.asarray(scores, np.float32).reshape(-1))
+            if sc.shape != k.shape:
+                raise ValueError("scores must have one entry per key")
+            _check(library().dec_restrict(self._h, int(num_reserved), 2, _ptr(k, ctypes.c_int64),
+                                          _ptr(sc, ctypes.c_float), len(k), ctypes.byref(removed)))
+            return removed.value
+        if by not in _POLICIES:
+            raise ValueError(f"unknown restrict policy {by!r} (recency, frequency, custom)")
+        _check(library().dec_restrict(self._h, int(num_reserved), _POLICIES[by], None, None, 0,
+                                      ctypes.byref(removed)))
+        return removed.value
+
+    @property
+    def clock(self) -> int:
+        out = ctypes.c_int64(0)
+        _check(library().dec_get_clock(self._h, ctypes.byref(out)))
+        return out.value
+
+    @clock.setter
+    def clock(self, value: int) -> None:
+        _check(library().dec_set_clock(self._h, int(value)))
+
+    @property
+    def evicted_total(self) -> int:
+        out = ctypes.c_int64(0)
+        _check(library().dec_evicted_total(self._h, ctypes.byref(out)))
+        return out.value
+
+    # -- paged export / import (the checkpoint's pages) ------------------------------------------
+
+    def export(self, offset: int = 0, limit: int | None = None) -> dict:
+        """Rows [offset, offset + limit) of the slot order (stable while the table is not
+        written): keys, values, slots [n, num_slots, dim], last_update, update_count."""
+        offset = int(offset)
+        if offset < 0:
+            raise ValueError(f"offset must be >= 0, got {offset}")
+        if limit is None:
+            limit = max(0, self.size() - offset)
+        limit = int(limit)
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        ns = self.num_slots
+        keys = np.empty(limit, np.int64)
+        values = np.empty((limit, self.dim), np.float32)
+        slots = np.empty((limit, ns, self.dim), np.float32)
+        lu = np.empty(limit, np.int64)
+        uc = np.empty(limit, np.int64)
+        written = ctypes.c_int64(0)
+        if limit:
+            _check(library().dec_export_host(
+                self._h, offset, limit, _ptr(keys, ctypes.c_int64), _ptr(values, ctypes.c_float),
+                _ptr(slots, ctypes.c_float) if ns else None, _ptr(lu, ctypes.c_int64),
+                _ptr(uc, ctypes.c_int64), ctypes.byref(written)))
+        m = written.value
+        return {"keys": keys[:m], "values": values[:m], "slots": slots[:m],
+                "last_update": lu[:m], "update_count": uc[:m]}
+
+    def export_pages(self, page_size: int = 1 << 16):
         offset = 0
         while True:
-            keys = np.empty(page, np.int64)
-            values = np.empty((page, self.dim), np.float32)
-            slots = np.empty((page, num_slots, self.dim), np.float32)
-            lu = np.empty(page, np.int64)
-            uc = np.empty(page, np.int64)
-            written = ctypes.c_int64(0)
-            _check(library().dec_export_host(
-                self._h, offset, page, _ptr(keys, ctypes.c_int64), _ptr(values, ctypes.c_float),
-                _ptr(slots, ctypes.c_float) if num_slots else None, _ptr(lu, ctypes.c_int64),
-                _ptr(uc, ctypes.c_int64), ctypes.byref(written)))
-            m = written.value
-            parts.append((keys[:m], values[:m], slots[:m], lu[:m], uc[:m]))
-            offset += m
-            if m < page:
-                break
-        cat = [np.concatenate([p[i] for p in parts]) for i in range(5)]
-        return dict(zip(("keys", "values", "slots", "last_update", "update_count"), cat))
+            page = self.export(offset, page_size)
+            if len(page["keys"]) == 0:
+                return
+            yield page
+            offset += len(page["keys"])
+
+    def import_rows(self, keys, values, slots=None, last_update=None, update_count=None) -> int:
+        """The CPU table's ``import_rows``: rows with optional slots [n, num_slots, dim] and
+        metadata; the last of duplicate keys wins. Returns the rows a capacity evicted."""
+        k = _keys(keys)
+        v = self._rows(values, len(k), "values")
+        s = None
+        if slots is not None:
+            s = np.ascontiguousarray(np.asarray(slots, np.float32))
+            if s.shape != (len(k), self.num_slots, self.dim):
+                raise ValueError(f"slots have shape {s.shape}, expected "
+                                 f"({len(k)}, {self.num_slots}, {self.dim}) (the table's slots)")
+        lu = _i64(last_update, len(k), "last_update")
+        uc = _i64(update_count, len(k), "update_count")
+        ev = ctypes.c_int64(0)
+        _check(library().dec_import_host(
+            self._h, _ptr(k, ctypes.c_int64), len(k), _ptr(v, ctypes.c_float),
+            None if s is None or not self.num_slots else _ptr(s, ctypes.c_float),
+            None if lu is None else _ptr(lu, ctypes.c_int64),
+            None if uc is None else _ptr(uc, ctypes.c_int64), ctypes.byref(ev)))
+        return self._evicted(ev)
+
+
+def _cpu_config(config: dict) -> dict:
+    """A described config's members as the CPU Table's keyword arguments."""
+    out = {k: v for k, v in config.items() if k not in _INIT_KEYS}
+    out["initializer"] = {k: v for k, v in config.items() if k in _INIT_KEYS}
+    return out

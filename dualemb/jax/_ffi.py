@@ -1,7 +1,9 @@
 """The XLA FFI custom calls of ``dualemb._jax_ffi``, one thin wrapper each.
 
-Importing this module registers the handlers for the CPU platform (a CUDA registration comes with
-the GPU table: add it to ``_PLATFORMS`` with the CUDA module's capsules).
+Importing this module registers the handlers for the CPU platform. The CUDA handlers of the
+targets marked 1 in the list's CUDA column (``dualemb._jax_ffi_cuda``, built with the GPU table)
+are registered for the platform "CUDA" under the same names by :func:`register_cuda`, when the
+first GPU table is made; calls on a GPU table (``gpu=True``) always lower to them.
 
 Wrappers only shape arguments; validation happens one level up (``dualemb.jax.ops``) so that bad
 input raises at trace time. Conventions (see ``csrc/jax/ffi_common.h``):
@@ -90,6 +92,25 @@ _register()
 
 _VMAP = "expand_dims"
 
+_cuda_targets = None  # {target: capsule} of dualemb._jax_ffi_cuda once registered
+
+
+def register_cuda() -> dict:
+    """Registers the CUDA-platform handlers (once); raises ImportError/RuntimeError naming why
+    they cannot be (no GPU table in this build, a module built from other sources)."""
+    global _cuda_targets
+    if _cuda_targets is None:
+        ext = load_extension("_jax_ffi_cuda")
+        targets = ext.registrations()
+        unknown = sorted(set(targets) - set(_TARGETS))
+        if unknown:
+            raise ImportError(f"dualemb._jax_ffi_cuda hands out targets {unknown} that "
+                              "dualemb._jax_ffi does not have: rebuild both")
+        for name, capsule in targets.items():
+            jax.ffi.register_ffi_target(name, capsule, platform="CUDA")
+        _cuda_targets = targets
+    return _cuda_targets
+
 
 def uses_host_callback() -> bool:
     """Whether calls traced now run as host callbacks (see the module docstring): forced by
@@ -99,8 +120,14 @@ def uses_host_callback() -> bool:
     return jax.default_backend() not in _PLATFORMS
 
 
-def _call(target, results, *operands, has_side_effect=False, vmap_method=_VMAP):
-    """``jax.ffi.ffi_call(target, results, ...)(*operands)``, or its host-callback twin."""
+def _call(target, results, *operands, has_side_effect=False, vmap_method=_VMAP, gpu=False):
+    """``jax.ffi.ffi_call(target, results, ...)(*operands)``, or its host-callback twin; with
+    ``gpu`` (a GPU table) always the CUDA handler."""
+    if gpu:
+        if target not in register_cuda():
+            raise NotImplementedError(f"{target} has no CUDA handler (a GPU table)")
+        return jax.ffi.ffi_call(target, results, has_side_effect=has_side_effect,
+                                vmap_method=vmap_method)(*operands)
     if not uses_host_callback():
         return jax.ffi.ffi_call(target, results, has_side_effect=has_side_effect,
                                 vmap_method=vmap_method)(*operands)
@@ -150,22 +177,22 @@ def _next(version):
     return _sds(jnp.shape(version), _f32)
 
 
-def find(handle, dim, version, keys, shape, with_exists=True, dtype=_f32):
+def find(handle, dim, version, keys, shape, with_exists=True, dtype=_f32, gpu=False):
     """(rows [shape + (dim,)] of ``dtype`` (the table's value dtype), exists [shape]) — reads
     only. Without ``with_exists`` the second result is empty (one output fewer to fill)."""
     return _call(
         "dualemb_find",
         (_sds(shape + (dim,), dtype), _sds(shape if with_exists else (0,), jnp.bool_)),
-        *_table(handle, version), keys)
+        *_table(handle, version), keys, gpu=gpu)
 
 
-def find_or_insert(handle, dim, version, keys, shape, dtype=_f32):
+def find_or_insert(handle, dim, version, keys, shape, dtype=_f32, gpu=False):
     """(next version, rows of ``dtype``, exists); missing keys are inserted with their
     initializer row."""
     return _call(
         "dualemb_find_or_insert",
         (_next(version), _sds(shape + (dim,), dtype), _sds(shape, jnp.bool_)),
-        *_table(handle, version), keys, has_side_effect=True)
+        *_table(handle, version), keys, has_side_effect=True, gpu=gpu)
 
 
 def insert_or_assign(handle, version, keys, values, mask=None):
@@ -189,12 +216,12 @@ def erase(handle, version, keys):
                  has_side_effect=True)
 
 
-def apply_gradients(handle, version, keys, grads, lr, step_code):
+def apply_gradients(handle, version, keys, grads, lr, step_code, gpu=False):
     """Next version; one fused optimizer step with learning rate ``lr`` (a float32 scalar)
     after ``step_code`` updates (the table's step leaf: the core is given that count + 1)."""
     return _call("dualemb_apply_gradients", _next(version), *_table(handle, version), keys,
                  grads, jnp.asarray(lr, _f32), jax.lax.stop_gradient(step_code),
-                 has_side_effect=True)
+                 has_side_effect=True, gpu=gpu)
 
 
 def size(handle, version):

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from dualemb.jax import _ffi, _values
+from dualemb.jax import _ffi, _values, gpu
 from dualemb.jax.ids import key_operand
 from dualemb.jax.table import Table, check_exists
 
@@ -42,7 +42,7 @@ def _rows_arg(table: Table, values, shape, what: str):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _lookup(table: Table, keys, shape: tuple):
     rows, _ = _ffi.find(table.handle, table.dim, table.version, keys, shape, with_exists=False,
-                        dtype=table.dtype)
+                        dtype=table.dtype, gpu=table.placement == "gpu")
     return rows
 
 
@@ -81,12 +81,13 @@ def find(table: Table, ids) -> tuple[jax.Array, jax.Array]:
     """(rows, exists): like :func:`lookup`, plus whether each id is in the table."""
     keys, shape = _keys(table, ids)
     return _ffi.find(table.handle, table.dim, table.version, keys, tuple(shape),
-                     dtype=table.dtype)
+                     dtype=table.dtype, gpu=table.placement == "gpu")
 
 
 def size(table: Table) -> jax.Array:
     """Number of ids in the table (int32 in JAX's 32-bit mode, saturating at 2**31-1)."""
     check_exists(table)
+    gpu.refuse(table, "size")
     return _ffi.size(table.handle, table.version)
 
 
@@ -103,6 +104,7 @@ def export(table: Table, limit: int, offset=0, *, with_slots: bool = False):
     call runs.
     """
     check_exists(table)
+    gpu.refuse(table, "export")
     _values.require_available(table.value_dtype)
     from dualemb.jax.ids import Ids
     limit = _static_count("limit", limit)
@@ -162,13 +164,15 @@ def find_or_insert(table: Table, ids) -> tuple[jax.Array, jax.Array, Table]:
     """(rows, exists, table): missing ids are inserted with their initializer row."""
     keys, shape = _keys(table, ids)
     version, rows, exists = _ffi.find_or_insert(table.handle, table.dim, table.version, keys,
-                                                tuple(shape), dtype=table.dtype)
+                                                tuple(shape), dtype=table.dtype,
+                                                gpu=table.placement == "gpu")
     return rows, exists, table.replace(version=version)
 
 
 def insert(table: Table, ids, rows) -> Table:
     """Writes ``rows`` for ``ids`` (insert or overwrite; the last of duplicate ids wins).
     Optimizer slots of new ids start at their initial values; existing ids keep theirs."""
+    gpu.refuse(table, "insert")
     keys, shape = _keys(table, ids)
     values = _rows_arg(table, rows, shape, "rows")
     return table.replace(version=_ffi.insert_or_assign(table.handle, table.version, keys, values))
@@ -178,6 +182,7 @@ def accum(table: Table, ids, deltas, exists) -> Table:
     """TFRA's accum, per id: absent and ``exists`` false -> inserted with its delta; present and
     ``exists`` true -> ``row += delta``; otherwise nothing (so a read's ``exists`` guards
     against racing writers)."""
+    gpu.refuse(table, "accum")
     keys, shape = _keys(table, ids)
     values = _rows_arg(table, deltas, shape, "deltas")
     exists = jnp.asarray(exists)
@@ -188,6 +193,7 @@ def accum(table: Table, ids, deltas, exists) -> Table:
 
 def erase(table: Table, ids) -> Table:
     """Removes ``ids`` (and their optimizer slots); absent ids are ignored."""
+    gpu.refuse(table, "erase")
     keys, _ = _keys(table, ids)
     table = table.replace(version=_ffi.erase(table.handle, table.version, keys))
     for tid in table.slot_tables:  # the generic path's state rows go with them

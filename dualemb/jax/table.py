@@ -88,10 +88,14 @@ class Table:
     """
 
     __slots__ = ("handle", "dim", "key_dtype", "optimizer", "slot_tables", "version",
-                 "_step", "_opt_code", "_opt_dtypes", "_id", "value_dtype")
+                 "_step", "_opt_code", "_opt_dtypes", "_id", "value_dtype", "placement")
 
     def __init__(self, id, dim: int, key_dtype: str, optimizer, version, step,
-                 opt_state=None, slot_tables: tuple = (), value_dtype: str = "float32"):
+                 opt_state=None, slot_tables: tuple = (), value_dtype: str = "float32",
+                 placement: str = "host"):
+        # "host": a core table (in this process' memory or Redis); "gpu": a GPU table
+        # (dualemb.jax.gpu). Static: it chooses the custom calls.
+        self.placement = placement
         self.handle = _as_handle(id)
         self._id = _int_id(id)
         self.dim = int(dim)
@@ -117,14 +121,16 @@ class Table:
 
     def tree_flatten(self):
         return ((self.handle, self.version, self._step, self._opt_code, self.slot_tables),
-                (self.dim, self.key_dtype, self.optimizer, self._opt_dtypes, self.value_dtype))
+                (self.dim, self.key_dtype, self.optimizer, self._opt_dtypes, self.value_dtype,
+                 self.placement))
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         # Leaves may be tracers, cotangents or placeholders here: store them as they are.
         t = object.__new__(cls)
         t.handle, t.version, t._step, t._opt_code, t.slot_tables = children
-        t.dim, t.key_dtype, t.optimizer, t._opt_dtypes, t.value_dtype = aux
+        t.dim, t.key_dtype, t.optimizer, t._opt_dtypes, t.value_dtype = aux[:5]
+        t.placement = aux[5] if len(aux) > 5 else "host"  # sharded.py's per-device tables
         t._id = None
         return t
 
@@ -199,14 +205,17 @@ class Table:
     def core(self) -> CoreTable:
         """The host-side ``dualemb.core.Table`` of this id, after every write this handle
         depends on has finished (it blocks on ``version``)."""
+        from dualemb.jax import gpu
+        gpu.refuse(self, "Table.core")
         block(self)
         return CoreTable.attach(self.id)
 
     def __repr__(self) -> str:
         who = "traced" if _is_traced(self.handle) else self.id
         dtype = "" if self.value_dtype == "float32" else f", value_dtype={self.value_dtype}"
+        where = "" if self.placement == "host" else f", placement={self.placement!r}"
         return (f"Table(id={who}, dim={self.dim}, key_dtype={self.key_dtype}{dtype}, "
-                f"optimizer={self.optimizer!r})")
+                f"optimizer={self.optimizer!r}{where})")
 
 
 def block(table: Table) -> Table:
@@ -224,6 +233,10 @@ def check_exists(table: Table) -> None:
     if not isinstance(table, Table):
         raise TypeError(f"expected a dualemb.jax.Table, got {type(table).__name__}")
     if _is_traced(table.handle):
+        return
+    if table.placement == "gpu":
+        from dualemb.jax import gpu
+        gpu.lookup_table(table.id)  # KeyError naming the id
         return
     if not _core_module().exists(table.id):
         raise KeyError(
@@ -276,7 +289,8 @@ def canonical(core: CoreTable, opt):
 
 def create(dim: int, *, key_dtype: str = "int64", value_dtype="float32", initializer=None,
            optimizer=None, capacity: int = 0, evict_policy: str = "recency", num_threads: int = 0,
-           table_id: int = 0, name: str | None = None, backend=None) -> Table:
+           table_id: int = 0, name: str | None = None, backend=None,
+           placement: str = "host") -> Table:
     """Creates a table in the core and returns its handle (version 0, step 0).
 
     Args:
@@ -301,7 +315,17 @@ def create(dim: int, *, key_dtype: str = "int64", value_dtype="float32", initial
         Redis server; see docs/redis.md). The calls are the same either way. A Redis table
         takes a fused optimizer (its slots live in Redis with the rows); the generic Optax
         path keeps its state in memory and is refused there.
+      placement: "host" (default: a core table, as above) or "gpu": the rows in GPU memory,
+        trained by the CUDA XLA FFI handlers (:mod:`dualemb.jax.gpu`: int64 keys, float32
+        values, a fused optimizer or none; on a GPU backend with a build that has the GPU
+        table, else RuntimeError naming why). Not yet run on a GPU.
     """
+    if placement not in ("host", "gpu"):
+        raise ValueError(f"placement must be 'host' or 'gpu', got {placement!r}")
+    if placement == "gpu":
+        return _create_gpu(dim, key_dtype=key_dtype, value_dtype=value_dtype,
+                           initializer=initializer, optimizer=optimizer, capacity=capacity,
+                           evict_policy=evict_policy, table_id=table_id, backend=backend)
     if isinstance(table_id, bool) or not isinstance(table_id, (int, np.integer)) or \
             not 0 <= int(table_id) < 2**63:
         raise ValueError(f"table_id must be a non-negative 63-bit int (0 = a fresh id), got "
@@ -332,6 +356,27 @@ def create(dim: int, *, key_dtype: str = "int64", value_dtype="float32", initial
             core.destroy()
             raise
     return table
+
+
+def _create_gpu(dim, *, key_dtype, value_dtype, initializer, optimizer, capacity, evict_policy,
+                table_id, backend) -> Table:
+    """create(placement="gpu"): a GPU table (dualemb.jax.gpu) and its handle."""
+    from dualemb.jax import gpu
+    if key_dtype != "int64" or _values.name_of(value_dtype) != "float32":
+        raise ValueError("placement='gpu' takes key_dtype='int64' and value_dtype='float32' "
+                         f"(got {key_dtype!r}, {_values.name_of(value_dtype)!r})")
+    if table_id or backend not in (None, "memory"):
+        raise ValueError("placement='gpu' takes neither table_id nor backend (GPU tables get "
+                         "their own ids, and their rows live in GPU memory)")
+    opt = _optimizer(optimizer)
+    if opt is not None and not isinstance(opt, _opts.Optimizer):
+        raise ValueError("placement='gpu' trains with a fused optimizer "
+                         "(dualemb.jax.optimizers); the generic Optax path is host-only")
+    t = gpu.make(dim, initializer=initializer, optimizer_spec=opt.spec if opt else None,
+                 capacity=capacity, evict_policy=evict_policy)
+    if opt is not None and t.optimizer is not None:
+        opt = _opts.from_spec(t.optimizer, opt.learning_rate)
+    return Table(t.id, t.dim, "int64", opt, _scalar(0), _scalar(0), placement="gpu")
 
 
 def attach(table_id: int, *, optimizer=None, step: int = 0, learning_rate=None) -> Table:
@@ -377,6 +422,10 @@ def destroy(table: Table) -> None:
     if not isinstance(table, Table):
         raise TypeError(f"expected a dualemb.jax.Table, got {type(table).__name__}")
     block(table)
+    if table.placement == "gpu":
+        from dualemb.jax import gpu
+        gpu.destroy(table.id)
+        return
     for tid in (table.id,) + table.slot_ids:
         if _core_module().exists(int(tid)):
             _core_module().destroy(int(tid))
@@ -392,6 +441,9 @@ def evicted_total(table: Table) -> int:
         raise TypeError(f"expected a dualemb.jax.Table, got {type(table).__name__}")
     block(table)
     check_exists(table)
+    if table.placement == "gpu":
+        from dualemb.jax import gpu
+        return int(gpu.lookup_table(table.id).evicted_total)
     return int(_core_module().evicted_total(int(table.id)))
 
 

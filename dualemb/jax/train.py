@@ -38,7 +38,7 @@ def apply_gradients(table: Table, ids, grads) -> Table:
             raise ValueError(f"the learning rate schedule of {opt.name!r} returned shape "
                              f"{jnp.shape(lr)}, expected a scalar")
         version = _ffi.apply_gradients(table.handle, table.version, keys, g, lr,
-                                       table.step_code)
+                                       table.step_code, gpu=table.placement == "gpu")
         return table.replace(version=version, step=table.step + 1)
     from dualemb.jax import generic
     return generic.apply(table, keys, tuple(shape), g)

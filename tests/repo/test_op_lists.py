@@ -44,6 +44,35 @@ def test_jax_targets_are_the_defined_handlers():
     assert _jax_targets() == defined
 
 
+def _cuda_column() -> dict:
+    """{target: 0 or 1} from the CUDA column of DUALEMB_JAX_FFI_TARGETS (ffi_handlers.h)."""
+    text = _source("csrc", "jax", "ffi_handlers.h")
+    block = text[text.index("#define DUALEMB_JAX_FFI_TARGETS(X)"):]
+    block = block[:block.index("\n\n")]
+    return {"dualemb_" + n: int(c) for n, c in re.findall(r"X\((\w+),\s*([01])\)", block)}
+
+
+def test_cuda_handlers_are_the_entries_marked_in_the_one_list():
+    # The CUDA-platform handlers (csrc/jax/cuda, module dualemb._jax_ffi_cuda) are the list's
+    # entries marked 1, each defined as dualemb_<name>_cuda; the list names every target once.
+    column = _cuda_column()
+    assert set(column) == _jax_targets()
+    defined = set()
+    for path in glob.glob(os.path.join(ROOT, "csrc", "jax", "cuda", "*.cc")):
+        with open(path) as f:
+            defined |= set(re.findall(r"XLA_FFI_DEFINE_HANDLER_SYMBOL\(\s*(\w+)", f.read()))
+    marked = {name + "_cuda" for name, c in column.items() if c == 1}
+    assert len(marked) >= 3
+    assert defined == marked
+    # A built CUDA module hands out exactly the marked targets.
+    try:
+        from dualemb._native import load_extension
+        ext = load_extension("_jax_ffi_cuda")
+    except ImportError:
+        return  # built without the GPU table (no nvcc): nothing more to compare
+    assert set(ext.registrations()) == {n for n, c in column.items() if c == 1}
+
+
 def test_jax_targets_are_registered_with_xla_for_the_cpu():
     import jax
     from jax._src.lib import xla_client

@@ -1,41 +1,98 @@
 #!/usr/bin/env bash
-# tools/gpu/check.sh [OUT] — the one script a GPU machine runs (issue 20): builds dualemb without
-# TensorFlow (with nvcc: libdualemb_cuda.so), runs the host math tests, the GPU tests and the GPU
-# benchmark, and writes logs and JSON under OUT (default $OUT). Needs Python 3.12 with jax (CUDA
-# plugin), numpy, pytest, pybind11, scikit-build deps, nlohmann-json, cmake, ninja and nvcc; no
-# network. Every step runs even if an earlier one fails; the exit status is the first failure.
+# tools/gpu/check.sh [OUT] — the one script a GPU machine runs (issue 20): builds dualemb from
+# source there without TensorFlow (its nvcc, its jax's XLA FFI headers: the FFI modules must be
+# built against the jax that loads them, 0.11 on the GPU machines), runs the GPU table's host
+# math tests, the GPU tests (tests/gpu: every table op, JAX on a GPU table and the checkpoint
+# round trip against the CPU core) and the op-list checks, then a short GPU benchmark. Writes
+# under OUT (default $OUT) at most 4 files, as the lent machine returns them:
+#   log.txt         every step's output, in order
+#   gpu_tests.xml   pytest's junit report of tests/gpu
+#   bench_gpu.json  benchmarks/bench_gpu.py --quick
+#   summary.json    device, driver, date, each step's exit status and seconds, pass/fail/skip
+# Needs Python 3.12 with jax (CUDA plugin), numpy, pytest, pybind11, cmake, ninja and nvcc; no
+# network. nlohmann-json's headers (a build requirement the GPU machines lack) come from
+# .gpu_carry/ when Python cannot import nlohmann_json: run tools/gpu/prepare_carry.sh here first
+# and carry .gpu_carry. Each step has a time limit, so the whole run ends within about 8
+# minutes; every step runs even if an earlier one fails; the exit status is the first failure.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-${OUT:?usage: tools/gpu/check.sh OUT (or set OUT)}}
 mkdir -p "$out"
-py=${PYTHON:-python}
+py=${PYTHON:-python3}
 build=build/gpu
+log=$out/log.txt
+steps=$out/steps.jsonl.tmp
+: >"$log"
+: >"$steps"
 status=0
-step() {  # step NAME CMD...: runs CMD, logs to OUT/NAME.log, records the exit status
-  local name=$1; shift
-  echo "== $name"
+# nvcc where CMake looks for it (the CUDA toolkit's bin may be missing from PATH).
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+# The GPU tables allocate with cudaMalloc beside XLA: keep XLA from taking 75% of the memory.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+step() {  # step NAME LIMIT_S CMD...: runs CMD under a time limit, appends to the log
+  local name=$1 limit=$2
+  shift 2
+  echo "== $name (limit ${limit}s)" | tee -a "$log"
   local t0=$SECONDS
-  "$@" >"$out/$name.log" 2>&1
+  timeout "$limit" "$@" >>"$log" 2>&1
   local rc=$?
-  echo "{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - t0))}" >>"$out/steps.jsonl"
-  [ $rc -eq 0 ] || { echo "   failed (rc=$rc): $out/$name.log"; [ $status -ne 0 ] || status=$rc; }
+  echo "{\"step\": \"$name\", \"rc\": $rc, \"seconds\": $((SECONDS - t0))}" >>"$steps"
+  echo "   rc=$rc in $((SECONDS - t0))s" | tee -a "$log"
+  [ $rc -eq 0 ] || [ $status -ne 0 ] || status=$rc
 }
 
 {
   echo "date: $(date -u +%FT%TZ)"
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1
   nvcc --version 2>&1 | tail -1
-  "$py" -c "import jax; print('jax', jax.__version__, jax.devices())" 2>&1
-} >"$out/machine.txt"
+  "$py" -c "import sys, jax; print('python', sys.version.split()[0], 'jax', jax.__version__, jax.devices())" 2>&1
+} | tee -a "$log"
 
-step configure cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+json_args=()
+if ! "$py" -c "import nlohmann_json" 2>/dev/null; then
+  json_args=(-DDUALEMB_NLOHMANN_JSON_INCLUDE_DIR="$PWD/.gpu_carry/nlohmann_json/include")
+fi
+step configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DPython_EXECUTABLE="$(command -v "$py")" -Dpybind11_DIR="$("$py" -m pybind11 --cmakedir)" \
-  -DDUALEMB_BUILD_TF=OFF -DDUALEMB_BUILD_TESTS=ON
-step build cmake --build "$build" -j"$(nproc)"
+  -DDUALEMB_BUILD_TF=OFF -DDUALEMB_BUILD_TESTS=ON -DDUALEMB_WITH_REDIS=OFF \
+  -DCMAKE_CUDA_ARCHITECTURES=90 "${json_args[@]}"
+step build 240 cmake --build "$build" -j"$(nproc)" --target dualemb_core _core _jax_ffi \
+  dualemb_cuda _jax_ffi_cuda dualemb_gpu_host_math_tests
 export DUALEMB_NATIVE_DIR=$PWD/$build/dualemb PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-step host_math "$build/dualemb/dualemb_gpu_host_math_tests"
-step gpu_tests "$py" -m pytest -q -rs --junitxml="$out/gpu_tests.xml" -p no:cacheprovider \
-  tests/gpu/test_gpu_table.py
-step bench "$py" benchmarks/bench_gpu.py --out "$out/bench_gpu.json"
-echo "status $status; logs and JSON in $out"
+step host_math 30 "$build/dualemb/dualemb_gpu_host_math_tests"
+step gpu_tests 200 "$py" -m pytest -q -rs --durations=10 --junitxml="$out/gpu_tests.xml" \
+  -p no:cacheprovider tests/gpu
+step op_lists 60 "$py" -m pytest -q -rs -p no:cacheprovider tests/repo/test_op_lists.py \
+  -k "jax or cuda"
+step bench 150 "$py" benchmarks/bench_gpu.py --quick --out "$out/bench_gpu.json"
+
+"$py" - "$out" "$status" <<'PY' | tee -a "$log"
+import json, os, subprocess, sys, time
+import xml.etree.ElementTree as ET
+out, status = sys.argv[1], int(sys.argv[2])
+def sh(cmd):
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True).stdout.strip()
+    except Exception as e:  # noqa: BLE001
+        return str(e)
+summary = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "gpu": sh("nvidia-smi --query-gpu=name,driver_version,memory.total "
+                     "--format=csv,noheader"),
+           "nvcc": sh("nvcc --version | tail -1"), "status": status, "steps": []}
+steps = os.path.join(out, "steps.jsonl.tmp")
+with open(steps) as f:
+    summary["steps"] = [json.loads(line) for line in f if line.strip()]
+os.remove(steps)
+xml = os.path.join(out, "gpu_tests.xml")
+if os.path.exists(xml):
+    suite = ET.parse(xml).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    n = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    n["passed"] = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+    summary["gpu_tests"] = n
+print(json.dumps(summary, indent=1))
+with open(os.path.join(out, "summary.json"), "w") as f:
+    json.dump(summary, f, indent=1)
+PY
+echo "status $status; log, junit XML and JSON in $out"
 exit $status

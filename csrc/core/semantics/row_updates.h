@@ -11,12 +11,15 @@
 #include <stdexcept>
 #include <string>
 
+#include "../de_hd.h"
+
 namespace dualemb {
 
 // TFRA's accum rule for one key: absent and !exists -> insert the delta as the row; present and
-// exists -> add the delta; anything else -> leave the key alone.
+// exists -> add the delta; anything else -> leave the key alone. DE_HD: the GPU table's accum
+// kernel runs this very function.
 enum class AccumAction { kInsert, kAdd, kIgnore };
-inline AccumAction accum_action(bool present, bool exists) {
+DE_HD inline AccumAction accum_action(bool present, bool exists) {
   if (!present && !exists) return AccumAction::kInsert;
   if (present && exists) return AccumAction::kAdd;
   return AccumAction::kIgnore;

@@ -103,7 +103,83 @@ static void segment_tests(int* checks, int* failures) {
   BCHECK(segments == static_cast<int64_t>(cpu.size()));
 }
 
+// accum: the per-key segment walk (accum_inserts, accum_segment) against the CPU table's loop —
+// every position in batch order against a map of present rows, applying accum_action — on a
+// batch with repeated keys, present and absent keys and exists flags of both kinds.
+static void accum_tests(int* checks, int* failures) {
+  const int64_t n = 3000, dim = 3;
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<float> u(-4.0f, 4.0f);
+  std::vector<int64_t> ids(n);
+  std::vector<uint8_t> exists(n);
+  std::vector<float> deltas(n * dim), old(n * dim);
+  for (int64_t i = 0; i < n; ++i) {
+    ids[i] = static_cast<int64_t>(rng() % 300);
+    exists[i] = rng() % 2;
+  }
+  for (auto& d : deltas) d = u(rng);
+  for (auto& d : old) d = u(rng);
+  for (const float* o :
+       {static_cast<const float*>(nullptr), static_cast<const float*>(old.data())}) {
+    // Keys 0..149 are present before the call with a known row.
+    std::unordered_map<int64_t, std::vector<float>> cpu;
+    std::unordered_map<int64_t, int64_t> applied;
+    for (int64_t k = 0; k < 150; ++k) cpu[k] = std::vector<float>(dim, 0.5f * k);
+    const auto initial = cpu;
+    for (int64_t i = 0; i < n; ++i) {  // table.cc's accum_impl, one position after another
+      auto it = cpu.find(ids[i]);
+      switch (dualemb::accum_action(it != cpu.end(), exists[i] != 0)) {
+        case dualemb::AccumAction::kInsert:
+          cpu[ids[i]] =
+              std::vector<float>(deltas.begin() + i * dim, deltas.begin() + (i + 1) * dim);
+          ++applied[ids[i]];
+          break;
+        case dualemb::AccumAction::kAdd:
+          for (int64_t j = 0; j < dim; ++j) {
+            float d = deltas[i * dim + j];
+            if (o) d = d - o[i * dim + j];
+            it->second[j] += d;
+          }
+          ++applied[ids[i]];
+          break;
+        case dualemb::AccumAction::kIgnore: break;
+      }
+    }
+    std::vector<int64_t> order(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
+    std::vector<int64_t> sorted(n);
+    for (int64_t q = 0; q < n; ++q) sorted[q] = ids[order[q]];
+    int64_t kept = 0;
+    for (int64_t q = 0; q < n;) {
+      int64_t e = q + 1;
+      while (e < n && !g::starts_segment(sorted.data(), e)) ++e;
+      const int64_t key = sorted[q];
+      const bool present = initial.count(key) != 0;
+      const bool inserted = !present && g::accum_inserts(order.data(), q, e, exists.data());
+      BCHECK((present || inserted) == (cpu.count(key) != 0));
+      if (present || inserted) {
+        ++kept;
+        for (int64_t j = 0; j < dim; ++j) {
+          float cell = present ? initial.at(key)[j] : 12345.0f;  // an insert overwrites it
+          const int64_t a = g::accum_segment(order.data(), q, e, exists.data(), deltas.data(), o,
+                                             dim, j, present, &cell);
+          BCHECK(std::memcmp(&cell, &cpu[key][j], 4) == 0);
+          BCHECK(a == applied[key]);
+        }
+      }
+      q = e;
+    }
+    int64_t untouched = 0;  // present keys the batch does not name: no segment of theirs
+    for (int64_t k = 0; k < 150; ++k)
+      untouched += std::find(ids.begin(), ids.end(), k) == ids.end();
+    BCHECK(kept + untouched == static_cast<int64_t>(cpu.size()));
+  }
+}
+
 void run_bucket_math_tests(int* checks, int* failures) {
   probe_tests(checks, failures);
   segment_tests(checks, failures);
+  accum_tests(checks, failures);
 }
