@@ -1,6 +1,7 @@
 // storage.cc — the defaults that backends may override.
 #include "storage/storage.h"
 
+#include <stdexcept>
 #include <vector>
 
 #include "value_dtype.h"
@@ -14,6 +15,12 @@ int64_t Storage::accum_rows(const int64_t* keys, int64_t n, const void* old_valu
                                     static_cast<size_t>(dim()) * static_cast<size_t>(n));
   accum_deltas(value_dtype(), old_values, new_values, exists, n, dim(), deltas.data());
   return accum(keys, n, deltas.data(), exists);
+}
+
+std::shared_ptr<Storage> Storage::clone() const {
+  throw std::invalid_argument(
+      "this table's storage backend cannot be copied: only in-memory tables can be cloned (a "
+      "Redis table's rows live in the server; a background save of it is not supported)");
 }
 
 }  // namespace dualemb
