@@ -70,17 +70,23 @@ def collect(tables) -> tuple[dict, dict, dict]:
     return core, steps, meta
 
 
-def save(tables, path, *, dense: Mapping | None = None, metadata: dict | None = None) -> None:
+def save(tables, path, *, dense: Mapping | None = None, metadata: dict | None = None,
+         blocking: bool = True):
     """Saves a table (or a mapping name -> table) to ``path`` in the common format, atomically.
 
     Waits for every pending write to the tables first. ``dense`` (name -> array) and
     ``metadata`` (a JSON dict) are stored beside them. A single table is saved as "table".
+
+    ``blocking=False`` returns a ``dualemb.core.checkpoint.SaveHandle`` at once and writes the
+    state as of the call (the tables copied, the dense arrays fetched) on a background thread
+    while training goes on; ``handle.wait()`` raises its error, ``handle.cancel()`` stops it
+    before it publishes (docs/online_learning.md). Otherwise returns None once it is written.
     """
     core, steps, meta = collect(tables)
     md = dict(metadata or {})
     md[META_KEY] = meta
     dense_np = None if dense is None else {k: np.asarray(v) for k, v in dense.items()}
-    _ckpt.save(path, core, steps=steps, dense=dense_np, metadata=md)
+    return _ckpt.save(path, core, steps=steps, dense=dense_np, metadata=md, blocking=blocking)
 
 
 def table_names(path) -> list[str]:

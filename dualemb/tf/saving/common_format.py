@@ -125,7 +125,8 @@ def _dense_weights(obj, optimizer) -> tuple[dict, dict]:
     return arrays, order
 
 
-def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=None) -> dict:
+def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=None,
+         blocking=True):
     """Writes every de.Variable of ``obj`` (a Variable, layer, model, or any trackable) to
     ``path`` in the common checkpoint format (docs/checkpoint_format.md), readable from JAX.
 
@@ -139,7 +140,16 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
     Under a ``MultiWorkerMirroredStrategy`` whose all-to-all embeddings keep each replica's shard
     in its worker, every worker must call ``save`` with the same ``path`` (a directory all of
     them see): together they write one checkpoint of the whole job
-    (``dualemb/tf/distribute/job_checkpoint.py``)."""
+    (``dualemb/tf/distribute/job_checkpoint.py``).
+
+    ``blocking=False`` returns a ``dualemb.core.checkpoint.SaveHandle`` instead, at once: the
+    tables are copied (``Table.clone``) and the dense weights read during the call, and the
+    checkpoint of that state is written on a background thread while training goes on;
+    ``handle.wait()`` raises its error, ``handle.cancel()`` stops it before it publishes
+    (docs/online_learning.md). Not under a MultiWorkerMirroredStrategy job (its commit barrier is
+    the strategy's all-reduce, which must run on the training thread): ValueError."""
+    if not isinstance(blocking, bool):
+        raise TypeError(f"blocking must be True or False, got {blocking!r}")
     variables = find_variables(obj)
     if not variables:
         raise ValueError(f"{obj!r} holds no dualemb de.Variable to save")
@@ -148,6 +158,11 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
         step = _iterations(optimizer)
     strategy = job_checkpoint.job_strategy(variables)
     if strategy is not None:
+        if not blocking:
+            raise ValueError("de.save(blocking=False) is not supported for a "
+                             "MultiWorkerMirroredStrategy job (the workers' commit barrier is "
+                             "the strategy's all-reduce, run on the training thread); save with "
+                             "blocking=True")
         dense, meta = _save_metadata(obj, variables, optimizer, include_dense, metadata)
         job_checkpoint.save_job(strategy, os.fspath(path), variables, steps=step,
                                 dense=dense or None, metadata=meta)
@@ -156,13 +171,18 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
         # Shards on PS tasks are gathered through their handles into scratch tables here.
         tables = {name: stack.enter_context(remote_shards.staged_core_shards(var))[0]
                   for name, var in variables.items()}
-        _save_tables(obj, path, variables, tables, optimizer, step, include_dense, metadata)
-    return variables
+        # A background save copies the tables before this returns (remote shards' scratch
+        # copies included, which the exit then frees).
+        handle = _save_tables(obj, path, variables, tables, optimizer, step, include_dense,
+                              metadata, blocking)
+    return variables if blocking else handle
 
 
-def _save_tables(obj, path, variables, tables, optimizer, step, include_dense, metadata):
+def _save_tables(obj, path, variables, tables, optimizer, step, include_dense, metadata,
+                 blocking=True):
     dense, meta = _save_metadata(obj, variables, optimizer, include_dense, metadata)
-    _ckpt.save(os.fspath(path), tables, steps=step, dense=dense or None, metadata=meta)
+    return _ckpt.save(os.fspath(path), tables, steps=step, dense=dense or None, metadata=meta,
+                      blocking=blocking)
 
 
 def _save_metadata(obj, variables, optimizer, include_dense, metadata) -> tuple[dict, dict]:
