@@ -208,6 +208,19 @@ def test_unwritable_path_fails_in_wait(tmp_path):
     assert os.listdir(tmp_path) == ["file"]
 
 
+def test_error_never_waited_for_is_logged_at_exit(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    child = textwrap.dedent("""
+        import sys
+        from dualemb.core import Table, checkpoint
+        checkpoint.save(sys.argv[1], {"t": Table(2)}, blocking=False)
+    """)
+    run = subprocess.run([sys.executable, "-c", child, str(tmp_path / "file" / "ck")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "background checkpoint save to" in run.stderr and "never waited" in run.stderr
+
+
 def test_bad_arguments_raise_at_the_call(tmp_path):
     t = adam_table()
     with pytest.raises(TypeError, match="mapping"):
@@ -232,6 +245,8 @@ def test_cancel_stops_before_the_commit(tmp_path, gated_pages):
     train(t, 1, first=3)
     h = checkpoint.save(path, {"t": t}, steps=3, blocking=False)
     assert started.wait(30)
+    with pytest.raises(TimeoutError, match="still running"):
+        h.wait(0.05)
     assert h.cancel() and h.cancel() and h.cancelled()
     gate.set()
     with pytest.raises(checkpoint.SaveCancelled, match="cancelled"):
