@@ -215,9 +215,13 @@ def start(path: str, tables: Mapping, write: Callable[[dict], None]) -> SaveHand
                 handle._finish(error)
 
         thread = threading.Thread(target=run, name=f"dualemb-background-save:{path}")
+        try:
+            thread.start()
+        except BaseException:
+            destroy(copies)  # no thread to free them (e.g. RuntimeError: can't start new thread)
+            raise
         with _lock:
             _last, _thread = handle, thread
-        thread.start()
     return handle
 
 
