@@ -132,6 +132,13 @@ int de_table_destroy(int64_t id) {
   });
 }
 
+int de_table_clone(int64_t id, int64_t* out_id) {
+  return guarded("clone table", [&] {
+    require_out(out_id, "out_id");
+    *out_id = dualemb::clone_table(id);
+  });
+}
+
 int de_table_describe(int64_t id, char* buf, size_t buflen, size_t* needed) {
   return guarded("describe", [&] { copy_out(dualemb::get_table(id)->describe(), buf, buflen, needed); });
 }

@@ -143,6 +143,13 @@ DE_API int de_table_exists(int64_t id);  // 1 or 0, never an error
 DE_API int de_table_retain(int64_t id);
 DE_API int de_table_release(int64_t id);
 DE_API int de_table_destroy(int64_t id);
+// A copy of table `id` — rows, optimizer slots, metadata, index, optimizer, initializer, clock —
+// as of the call, registered under a fresh id (*out_id) with one owner (free it with
+// de_table_destroy or de_table_release). Writers are held off while it is copied (readers go
+// on), so no write is half in it; afterwards the two tables are independent. Takes one table's
+// memory. Only in-memory tables (int64/int32/string keys, any value dtype): a Redis table is
+// refused with an error.
+DE_API int de_table_clone(int64_t id, int64_t* out_id);
 // Canonical description, one JSON object {"config": {...}, "optimizer": {...} | null}: every member
 // as it was given (an integer stays an integer, a float keeps its bits, a list its length), the
 // members not given with their defaults (num_threads, a setting of this process, is left out).

@@ -1,5 +1,6 @@
 #include "key_index.h"
 
+#include <cstring>
 #include <new>
 #include <utility>
 
@@ -23,6 +24,11 @@ void KeyIndex::erase(int64_t key, uint64_t h) {
     }
   }
   slots_[hole].row = kEmpty;
+}
+
+KeyIndex::KeyIndex(const KeyIndex& o) : block_((o.mask_ + 1) * sizeof(Slot)), mask_(o.mask_) {
+  slots_ = reinterpret_cast<Slot*>(block_.data());
+  std::memcpy(slots_, o.slots_, (mask_ + 1) * sizeof(Slot));
 }
 
 void KeyIndex::reset(uint64_t cap) {

@@ -21,6 +21,9 @@ class KeyIndex {
   KeyIndex() { reset(kMinCapacity); }
   KeyIndex(KeyIndex&&) noexcept = default;
   KeyIndex& operator=(KeyIndex&&) noexcept = default;
+  // A deep copy (a table's clone, storage/storage.h). Throws std::bad_alloc.
+  KeyIndex(const KeyIndex& o);
+  KeyIndex& operator=(const KeyIndex&) = delete;
 
   // Row of `key` (whose hash is h), or -1.
   int64_t find(int64_t key, uint64_t h) const {

@@ -64,6 +64,16 @@ int64_t create_table(int64_t id, const std::string& config) {
                           " (not created or loaded in this process, or already freed)");
 }
 
+int64_t clone_table(int64_t id) {
+  // Copied outside the registry's lock: a big table takes a while, and other tables stay usable.
+  std::shared_ptr<TableFacade> copy = get_table(id)->clone();
+  Registry& r = registry();
+  std::lock_guard<std::mutex> lock(r.mu);
+  const int64_t fresh = fresh_id(r);
+  r.tables.emplace(fresh, Entry{std::move(copy), 1});
+  return fresh;
+}
+
 std::shared_ptr<TableFacade> get_table(int64_t id) {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mu);

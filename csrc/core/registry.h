@@ -23,6 +23,10 @@ namespace dualemb {
 // An existing id must have the same dim and key dtype as `config` asks for; getting an existing
 // table does not change its owner count.
 int64_t create_table(int64_t id, const std::string& config);
+// Registers a copy of table `id` (TableFacade::clone: its state as of the call) under a fresh
+// id with one owner, and returns that id. Throws std::out_of_range for an unknown id,
+// std::invalid_argument for a backend that cannot be copied, std::bad_alloc for memory.
+int64_t clone_table(int64_t id);
 // The table (its facade: backend, string layers, every operation). Throws std::out_of_range
 // naming the id if no such table exists.
 std::shared_ptr<TableFacade> get_table(int64_t id);

@@ -9,6 +9,7 @@
 #ifndef DUALEMB_ROW_STORE_H_
 #define DUALEMB_ROW_STORE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -43,6 +44,21 @@ class RowStore {
       : width_(width),
         shift_(chunk_shift),
         stride_(sizeof(RowMeta) + ((elem_size * width + 7) & ~size_t(7))) {}
+  RowStore(RowStore&&) noexcept = default;
+  RowStore& operator=(RowStore&&) noexcept = default;
+  // A deep copy of the rows in use (a table's clone, storage/storage.h); the spare chunk is not
+  // copied. Throws std::bad_alloc.
+  RowStore(const RowStore& o)
+      : width_(o.width_), shift_(o.shift_), stride_(o.stride_), size_(o.size_) {
+    const int64_t used = (size_ + mask()) >> shift_;
+    chunks_.reserve(static_cast<size_t>(used));
+    for (int64_t c = 0; c < used; ++c) {
+      chunks_.emplace_back(chunk_bytes());
+      const int64_t rows = std::min<int64_t>(size_ - (c << shift_), int64_t(1) << shift_);
+      std::memcpy(chunks_.back().data(), o.chunks_[c].data(), static_cast<size_t>(rows) * stride_);
+    }
+  }
+  RowStore& operator=(const RowStore&) = delete;
 
   int64_t size() const { return size_; }
   int64_t capacity() const { return static_cast<int64_t>(chunks_.size()) << shift_; }

@@ -11,6 +11,7 @@
 #define DUALEMB_STRING_KEY_TABLE_H_
 
 #include <cstdint>
+#include <shared_mutex>
 
 #include "dualemb_core.h"
 #include "storage/storage.h"
@@ -22,6 +23,11 @@ class StringKeyTable {
  public:
   // `rows`: the storage the rows live in, keyed by the strings' ids; it outlives this object.
   StringKeyTable(Storage& rows, int id_bits) : rows_(rows), map_(id_bits) {}
+  // A copy of `o`'s map over `rows`, a clone of o's storage taken under the same hold of
+  // mutex() (table_facade.cc): the caller holds o.mutex().
+  StringKeyTable(Storage& rows, const StringKeyTable& o) : rows_(rows), map_(o.map_) {}
+  // The map's lock, held around each translation and the storage operation together.
+  std::shared_mutex& mutex() const { return map_.mutex(); }
 
   void find(const void* keys, int64_t n, void* values, uint8_t* exists) const;
   int64_t find_or_insert(const void* keys, int64_t n, void* values, uint8_t* exists);

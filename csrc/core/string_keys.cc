@@ -33,6 +33,12 @@ int testing_string_id_bits() { return g_id_bits.load(); }
 StringKeys::StringKeys(int id_bits)
     : id_mask_(id_bits >= 63 ? kNonNegative : ((uint64_t(1) << id_bits) - 1)) {}
 
+StringKeys::StringKeys(const StringKeys& o)
+    : id_mask_(o.id_mask_), by_id_(o.by_id_), key_bytes_(o.key_bytes_) {
+  by_string_.reserve(by_id_.size());
+  for (const auto& [id, s] : by_id_) by_string_.emplace(std::string_view(s), id);
+}
+
 int64_t StringKeys::find(std::string_view s) const {
   auto it = by_string_.find(s);
   return it == by_string_.end() ? -1 : it->second;

@@ -30,6 +30,10 @@ int testing_string_id_bits();
 class StringKeys {
  public:
   explicit StringKeys(int id_bits = 63);
+  // A deep copy (a table's clone); the caller holds `o`'s lock. The string -> id index is rebuilt
+  // over the copy's own strings. Throws std::bad_alloc.
+  StringKeys(const StringKeys& o);
+  StringKeys& operator=(const StringKeys&) = delete;
 
   std::shared_mutex& mutex() const { return mu_; }
 

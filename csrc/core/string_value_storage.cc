@@ -251,4 +251,12 @@ size_t StringValueStorage::memory_bytes() const {
   return rows + pool_.memory_bytes();
 }
 
+std::shared_ptr<Storage> StringValueStorage::clone() const {
+  // Writers hold the pool's lock exclusively around the backend's write, so under a shared hold
+  // the rows' handles and the pool agree.
+  Shared lock(pool_.mutex());
+  std::shared_ptr<Storage> rows = rows_->clone();
+  return std::shared_ptr<Storage>(new StringValueStorage(std::move(rows), pool_));
+}
+
 }  // namespace dualemb

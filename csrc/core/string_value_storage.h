@@ -75,8 +75,13 @@ class StringValueStorage final : public Storage {
   int64_t evicted_total() const override { return rows_->evicted_total(); }
   // The backend's bytes plus the pool's (the strings and their bookkeeping).
   size_t memory_bytes() const override;
+  // The backend's clone and a copy of the pool, both under the pool's lock.
+  std::shared_ptr<Storage> clone() const override;
 
  private:
+  // clone(): the backend's copy and a copy of the pool.
+  StringValueStorage(std::shared_ptr<Storage> handles, const StringValues& pool)
+      : rows_(std::move(handles)), pool_(pool) {}
   template <class Write>
   int64_t write_strings(const int64_t* keys, int64_t n, const void* values, Write&& write);
 

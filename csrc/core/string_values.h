@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "config.h"
+#include "copy_members.h"
 
 namespace dualemb {
 
@@ -55,7 +56,7 @@ class StringValues {
   size_t memory_bytes() const;
 
  private:
-  mutable std::shared_mutex mu_;
+  mutable FreshSharedMutex mu_;  // a copy (clone, under this lock) gets a fresh one
   std::vector<std::string> defaults_;
   // slots_[h - 1] holds handle h; live_[h - 1] says whether it is in use (freed slots are on
   // free_ and reused, so the pool never grows past the most strings held at once).

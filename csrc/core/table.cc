@@ -88,7 +88,7 @@ std::vector<std::string> Table::slot_names() const {
 }
 
 void Table::set_optimizer(const std::string& spec) {
-  std::unique_ptr<Optimizer> opt;
+  std::shared_ptr<const Optimizer> opt;
   if (!spec.empty()) {
     require_trainable();
     opt = make_optimizer(spec);  // throws before anything changes
@@ -96,7 +96,7 @@ void Table::set_optimizer(const std::string& spec) {
   std::unique_lock<std::shared_mutex> lock(mu_);
   int old_slots = num_slots();
   int new_slots = opt ? opt->num_slots() : 0;
-  std::unique_ptr<Optimizer> old = std::move(optimizer_);
+  std::shared_ptr<const Optimizer> old = std::move(optimizer_);
   optimizer_ = std::move(opt);
   // Same optimizer, numbers compared by value: {"epsilon": 0} equals {"epsilon": 0.0}.
   bool same = old && optimizer_ && same_json(old->spec(), optimizer_->spec());
@@ -785,6 +785,19 @@ size_t Table::memory_bytes() const {
   size_t b = 0;
   for (const auto& s : shards_) b += s->rows.bytes() + s->index.bytes();
   return b;
+}
+
+std::shared_ptr<Storage> Table::clone() const {
+  // A shared hold excludes every writer (writes take the lock exclusively) and lets lookups go
+  // on while the rows are copied.
+  std::shared_lock<std::shared_mutex> lock(mu_);
+  long double need = 0;
+  for (const auto& s : shards_)
+    need += s->rows.bytes_for(s->rows.size()) + s->index.bytes();
+  check_request("copying the table (clone)", need);
+  std::shared_ptr<Table> copy(new Table(*this));
+  std::vector<Ranked>().swap(copy->evict_scratch_);  // a scratch buffer, not state
+  return copy;
 }
 
 }  // namespace dualemb

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "change_tracking.h"
+#include "copy_members.h"
 #include "hash.h"
 #include "key_index.h"
 #include "optimizer.h"
@@ -86,8 +87,16 @@ class Table final : public Storage {
   void set_clock(int64_t c) override { clock_.store(c); }
   int64_t evicted_total() const override { return evicted_total_.load(); }
   size_t memory_bytes() const override;
+  // A copy of the whole table (rows, slots, metadata, index, optimizer, clock), taken under the
+  // table's lock: the state as of the call. Throws std::bad_alloc (OutOfMemory), unchanged.
+  std::shared_ptr<Storage> clone() const override;
 
  private:
+  // The copy clone() makes: every member by its own copy (copy_members.h), so members added
+  // later are copied too. Only clone() calls it, with the source's lock held.
+  Table(const Table&) = default;
+  Table& operator=(const Table&) = delete;
+
   struct Shard {
     Shard(int64_t width, size_t elem_size, int64_t chunk_shift)
         : rows(width, elem_size, chunk_shift) {}
@@ -151,11 +160,12 @@ class Table final : public Storage {
   int64_t capacity_ = 0;
   RestrictBy evict_policy_ = RestrictBy::kRecency;
   int num_threads_ = 0;
-  std::unique_ptr<Optimizer> optimizer_;
-  std::vector<std::unique_ptr<Shard>> shards_;
-  mutable std::shared_mutex mu_;
-  std::atomic<int64_t> clock_{0};
-  std::atomic<int64_t> evicted_total_{0};
+  // Immutable once made (set_optimizer replaces it), so a clone shares it.
+  std::shared_ptr<const Optimizer> optimizer_;
+  std::vector<DeepPtr<Shard>> shards_;
+  mutable FreshSharedMutex mu_;
+  CopiedAtomic<int64_t> clock_{0};
+  CopiedAtomic<int64_t> evicted_total_{0};
   std::vector<Ranked> evict_scratch_;  // restrict's ranking buffer; guarded by mu_ (exclusive)
   ChangeMark changes_;        // guarded by mu_; write_gen is stamped by every write
   EvictedCapture evicted_;    // guarded by mu_ (exclusive)

@@ -1,5 +1,7 @@
 #include "table_facade.h"
 
+#include <mutex>
+#include <shared_mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -49,6 +51,20 @@ TableFacade::TableFacade(const std::string& config) : rows_(make_storage(config)
         std::move(rows_), string_default_row(Config::parse(config, "table config"), dim()));
   if (rows_->key_dtype() == DE_KEY_STRING)
     strings_.reset(new StringKeyTable(*rows_, testing_string_id_bits()));
+}
+
+std::unique_ptr<TableFacade> TableFacade::clone() const {
+  std::unique_ptr<TableFacade> copy(new TableFacade());
+  if (!strings_) {
+    copy->rows_ = rows_->clone();
+    return copy;
+  }
+  // Every string-key write holds the map's lock exclusively around its storage write, so under
+  // a shared hold the map and the rows agree.
+  std::shared_lock<std::shared_mutex> lock(strings_->mutex());
+  copy->rows_ = rows_->clone();
+  copy->strings_.reset(new StringKeyTable(*copy->rows_, *strings_));
+  return copy;
 }
 
 void TableFacade::check_key_dtype(int32_t dtype) const {

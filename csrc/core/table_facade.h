@@ -73,6 +73,9 @@ class TableFacade {
   // Builds the backend the config names (storage/factory.h) and the layers it needs. Throws
   // std::invalid_argument naming a bad config.
   explicit TableFacade(const std::string& config);
+  // A copy of the table as of the call (Storage::clone): the string-key map and the rows are
+  // copied under one hold of the map's lock. Throws for a backend that cannot be copied.
+  std::unique_ptr<TableFacade> clone() const;
   TableFacade(const TableFacade&) = delete;
   TableFacade& operator=(const TableFacade&) = delete;
 
@@ -155,6 +158,7 @@ class TableFacade {
   void string_key_stats(int64_t* entries, int64_t* key_bytes) const;
 
  private:
+  TableFacade() = default;  // clone()
   // Throws std::invalid_argument unless `dtype` is the table's key dtype.
   void check_key_dtype(int32_t dtype) const;
   // Throws std::invalid_argument for a negative count or a key dtype not the table's.

@@ -183,6 +183,16 @@ PYBIND11_MODULE(_core, m) {
   });
   m.def("exists", [](int64_t id) { return de_table_exists(id) == 1; });
   m.def("destroy", [](int64_t id) { check(de_table_destroy(id)); });
+  m.def("clone", [](int64_t id) {
+    int64_t out = 0;
+    int rc;
+    {
+      py::gil_scoped_release release;  // copying a big table takes a while
+      rc = de_table_clone(id, &out);
+    }
+    check(rc);  // raises with the GIL held (MemoryError sets the Python error)
+    return out;
+  });
   m.def("describe", [](int64_t id) { return read_string(de_table_describe, id); });
   m.def("slot_names", [](int64_t id) { return read_string(de_slot_names, id); });
   m.def("canonical_json", [](const std::string& text) {

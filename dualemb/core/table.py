@@ -545,6 +545,17 @@ class Table(ChangeTracking):
         erase, which give memory back to the OS)."""
         return _core.memory_bytes(self._id)
 
+    def clone(self, name: str | None = None) -> "Table":
+        """A new table holding a copy of this one as of the call: rows, optimizer slots, per-key
+        metadata, initializer, optimizer, capacity and logical clock (``clock``). The copy is
+        taken in the core while writers to this table are held off (lookups go on), so no write
+        is half in it; afterwards the two tables are independent. It costs one copy of the
+        table's memory (``memory_bytes()``) and a pass over it; free it with ``destroy()``.
+        Background checkpoint saves write such a copy. ``name``: the copy's name (default: this
+        handle's). A Redis-backed table cannot be copied (its rows live in the server):
+        ValueError."""
+        return Table.attach(_core.clone(self._id), name=self.name if name is None else name)
+
     def destroy(self) -> None:
         """Removes the table from the registry (memory is freed once no call uses it)."""
         _core.destroy(self._id)

@@ -71,7 +71,7 @@ def collect(tables) -> tuple[dict, dict, dict]:
 
 
 def save(tables, path, *, dense: Mapping | None = None, metadata: dict | None = None,
-         base=None) -> None:
+         base=None, blocking: bool = True):
     """Saves a table (or a mapping name -> table) to ``path`` in the common format, atomically.
 
     Waits for every pending write to the tables first. ``dense`` (name -> array) and
@@ -79,12 +79,18 @@ def save(tables, path, *, dense: Mapping | None = None, metadata: dict | None = 
     With ``base`` (a checkpoint the tables were last saved to or loaded from), writes a delta:
     the rows written since, and tombstones (docs/checkpoint_format.md §10); ``load`` follows the
     chain.
+
+    ``blocking=False`` returns a ``dualemb.core.checkpoint.SaveHandle`` at once and writes the
+    state as of the call (the tables copied, the dense arrays fetched) on a background thread
+    while training goes on; ``handle.wait()`` raises its error, ``handle.cancel()`` stops it
+    before it publishes (docs/online_learning.md). Otherwise returns None once it is written.
     """
     core, steps, meta = collect(tables)
     md = dict(metadata or {})
     md[META_KEY] = meta
     dense_np = None if dense is None else {k: np.asarray(v) for k, v in dense.items()}
-    _ckpt.save(path, core, steps=steps, dense=dense_np, metadata=md, base=base)
+    return _ckpt.save(path, core, steps=steps, dense=dense_np, metadata=md, base=base,
+                      blocking=blocking)
 
 
 def table_names(path) -> list[str]:

@@ -24,8 +24,8 @@ The manager's own policies work on these items as on any other: ``max_to_keep`` 
 directories, tables included, are deleted), ``best_fn`` / ``best_mode`` with
 ``mngr.save(step, metrics=...)`` (keeps the best N by a metric, ``mngr.best_step()``),
 ``save_interval_steps`` / ``should_save``. The save is synchronous (it returns once the rows are
-on disk): the tables are not snapshotted, so an asynchronous save would race the next training
-step.
+on disk). For a save that does not stop training, ``dualemb.jax.save(..., blocking=False)``
+writes a snapshot of the tables in the background (docs/online_learning.md).
 
 A table whose fused optimizer has an injected learning rate
 (``dualemb.jax.optimizers.inject_hyperparams``) has its current value saved beside it and set

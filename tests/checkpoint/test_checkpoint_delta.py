@@ -244,3 +244,35 @@ def test_corrupt_tombstones_are_refused_with_the_table_unchanged(tmp_path):
     with pytest.raises(CheckpointError, match="checksum mismatch in tensor 'keys'"):
         checkpoint.load(tmp_path / "d", {"emb": live})
     assert live.export()["keys"].tolist() == [77]
+
+
+def test_background_delta_chain_equals_full_saves_and_misses_no_concurrent_write(tmp_path):
+    """Background saves (``blocking=False``) in a delta chain: each holds the state as of its
+    call; rows written while it runs (after the snapshot) are in the next delta; the live table
+    takes each published mark, so the next delta builds on it. Reference: blocking full saves
+    of the same live table at each step."""
+    rng = np.random.default_rng(7)
+    t = Table(DIM, optimizer=ADAM)
+    train(t, rng, np.arange(200), 1)
+    checkpoint.save(tmp_path / "full", {"emb": t}, steps=1, blocking=False).wait()
+    prev, expected = tmp_path / "full", {}
+    for step in range(2, 5):
+        train(t, rng, rng.integers(0, 400, 50), step)
+        if step == 3:
+            t.erase(np.arange(0, 30, 2))
+        expected[step] = state(t)
+        handle = checkpoint.save(tmp_path / f"d{step}", {"emb": t}, steps=step, base=prev,
+                                 blocking=False)
+        # Written while the save runs: not in this delta, in the next one.
+        train(t, rng, rng.integers(0, 400, 20), step)
+        handle.wait()
+        expected[step] = (expected[step], state(t))
+        prev = tmp_path / f"d{step}"
+    for step in range(2, 5):
+        ck = checkpoint.load(tmp_path / f"d{step}")
+        assert state(ck.tables["emb"]) == expected[step][0], f"delta of step {step}"
+        ck.tables["emb"].destroy()
+    # The writes after the last snapshot go into one more (blocking) delta on top of the chain.
+    checkpoint.save(tmp_path / "last", {"emb": t}, steps=5, base=prev)
+    ck = checkpoint.load(tmp_path / "last")
+    assert state(ck.tables["emb"]) == expected[4][1] == state(t)

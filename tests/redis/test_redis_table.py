@@ -237,3 +237,15 @@ def test_cluster_tables_follow_moved_and_match_memory(cluster):
 def test_cluster_refuses_db_other_than_zero(cluster):
     with pytest.raises(ValueError, match="only db 0"):
         redis_table([cluster.nodes[0].address], redis={"mode": "cluster", "db": 1})
+
+
+def test_clone_and_background_save_are_refused(server, tmp_path):
+    """A Redis table's rows live in the server: no in-process copy, so no background save."""
+    t = redis_table(server)
+    t.insert_or_assign([1, 2], np.ones((2, 4), np.float32))
+    with pytest.raises(ValueError, match="cannot be copied.*Redis"):
+        t.clone()
+    with pytest.raises(ValueError, match="cannot be copied.*Redis"):
+        checkpoint.save(str(tmp_path / "c"), {"t": t}, blocking=False)
+    assert not (tmp_path / "c").exists()
+    assert t.size() == 2

@@ -50,4 +50,10 @@ int64_t Storage::take_evicted(int64_t, int64_t*, void*, void*, int, int64_t*, in
   no_evicted_capture();
 }
 
+std::shared_ptr<Storage> Storage::clone() const {
+  throw std::invalid_argument(
+      "this table's storage backend cannot be copied: only in-memory tables can be cloned (a "
+      "Redis table's rows live in the server; a background save of it is not supported)");
+}
+
 }  // namespace dualemb

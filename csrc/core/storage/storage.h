@@ -15,6 +15,7 @@
 #define DUALEMB_STORAGE_STORAGE_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -91,6 +92,12 @@ class Storage {
   virtual void set_clock(int64_t c) = 0;
   virtual int64_t evicted_total() const = 0;
   virtual size_t memory_bytes() const = 0;
+
+  // A copy of the whole table — rows, slots, metadata, index, optimizer, clock — as of the call
+  // (taken under the table's lock, so no write is half in it), independent of this one from then
+  // on. What a background checkpoint writes while training goes on. Backends whose rows live
+  // outside this process (Redis) keep this default, which throws std::invalid_argument.
+  virtual std::shared_ptr<Storage> clone() const;
 };
 
 }  // namespace dualemb

@@ -26,12 +26,32 @@ changed rows and tombstones (``_delta.py``), each passing its own ``write`` and 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 
 from dualemb.core.checkpoint._manifest import CheckpointError
 from dualemb.core.checkpoint._staging import Staging
 
 Sync = Callable[[str, Sequence[int]], Sequence[int]]
+
+# A background save (``_background.py``) runs the protocol on its own thread and may be
+# cancelled: it sets this thread's ``checkpoint`` hook, which every writer calls after writing
+# its part (``final``: a writer that is not the coordinator can no longer stop the save after
+# this) and the coordinator calls once more just before publishing (``final=True``). The hook
+# raises to stop the save; nothing is then published. Thread-local, so saves on other threads
+# (and every blocking save) run without it.
+_hooks = threading.local()
+
+
+def set_checkpoint_hook(hook: Callable[[bool], None] | None) -> None:
+    """Sets (None: clears) this thread's hook (see above)."""
+    _hooks.checkpoint = hook
+
+
+def _checkpoint(final: bool) -> None:
+    hook = getattr(_hooks, "checkpoint", None)
+    if hook is not None:
+        hook(final)
 
 
 def single_process(tag: str, values: Sequence[int]) -> list:
@@ -75,7 +95,9 @@ def commit(path, sync: Sync, *, part: int, num_parts: int, coordinator: bool,
         ok = 1
         try:
             mine = staging if coordinator else Staging.join(path, token)
-            mine.write_record(part, write(mine))
+            record = write(mine)
+            _checkpoint(not coordinator)
+            mine.write_record(part, record)
         except Exception as e:  # noqa: BLE001
             failure, ok = e, 0
         (written,) = _sums(sync, "dualemb-checkpoint-written", [ok])
@@ -88,7 +110,9 @@ def commit(path, sync: Sync, *, part: int, num_parts: int, coordinator: bool,
                     raise CheckpointError(f"{path}: {num_parts - written} of {num_parts} "
                                           "writers failed to write their part; the previous "
                                           "checkpoint is kept")
-                staging.commit(manifest(staging, staging.read_records(num_parts)))
+                body = manifest(staging, staging.read_records(num_parts))
+                _checkpoint(True)
+                staging.commit(body)
                 published = 1
             except Exception as e:  # noqa: BLE001
                 failure = failure or e

@@ -1,5 +1,5 @@
-"""``de.keras``: Keras 3 integration (layers, ``models.save_model``)."""
+"""``de.keras``: Keras 3 integration (layers, ``models.save_model``, ``callbacks``)."""
 
-from dualemb.tf.keras import layers, models
+from dualemb.tf.keras import callbacks, layers, models
 
-__all__ = ["layers", "models"]
+__all__ = ["callbacks", "layers", "models"]

@@ -126,7 +126,7 @@ def _dense_weights(obj, optimizer) -> tuple[dict, dict]:
 
 
 def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=None,
-         base=None) -> dict:
+         base=None, blocking=True):
     """Writes every de.Variable of ``obj`` (a Variable, layer, model, or any trackable) to
     ``path`` in the common checkpoint format (docs/checkpoint_format.md), readable from JAX.
 
@@ -144,7 +144,16 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
 
     With ``base`` (a checkpoint the variables were last saved to or loaded from), writes a
     delta: the rows written since, and tombstones (docs/checkpoint_format.md §10); ``load``
-    follows the chain. Not for multi-worker jobs or parameter-server shards yet."""
+    follows the chain. Not for multi-worker jobs or parameter-server shards yet.
+
+    ``blocking=False`` returns a ``dualemb.core.checkpoint.SaveHandle`` instead, at once: the
+    tables are copied (``Table.clone``) and the dense weights read during the call, and the
+    checkpoint of that state is written on a background thread while training goes on;
+    ``handle.wait()`` raises its error, ``handle.cancel()`` stops it before it publishes
+    (docs/online_learning.md). Not under a MultiWorkerMirroredStrategy job (its commit barrier is
+    the strategy's all-reduce, which must run on the training thread): ValueError."""
+    if not isinstance(blocking, bool):
+        raise TypeError(f"blocking must be True or False, got {blocking!r}")
     variables = find_variables(obj)
     if not variables:
         raise ValueError(f"{obj!r} holds no dualemb de.Variable to save")
@@ -156,6 +165,11 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
         raise NotImplementedError("delta saves (base=...) of a multi-worker job are not "
                                   "supported yet; save a full checkpoint")
     if strategy is not None:
+        if not blocking:
+            raise ValueError("de.save(blocking=False) is not supported for a "
+                             "MultiWorkerMirroredStrategy job (the workers' commit barrier is "
+                             "the strategy's all-reduce, run on the training thread); save with "
+                             "blocking=True")
         dense, meta = _save_metadata(obj, variables, optimizer, include_dense, metadata)
         job_checkpoint.save_job(strategy, os.fspath(path), variables, steps=step,
                                 dense=dense or None, metadata=meta)
@@ -164,16 +178,18 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
         # Shards on PS tasks are gathered through their handles into scratch tables here.
         tables = {name: stack.enter_context(remote_shards.staged_core_shards(var))[0]
                   for name, var in variables.items()}
-        _save_tables(obj, path, variables, tables, optimizer, step, include_dense, metadata,
-                     base)
-    return variables
+        # A background save copies the tables before this returns (remote shards' scratch
+        # copies included, which the exit then frees).
+        handle = _save_tables(obj, path, variables, tables, optimizer, step, include_dense,
+                              metadata, base, blocking)
+    return variables if blocking else handle
 
 
 def _save_tables(obj, path, variables, tables, optimizer, step, include_dense, metadata,
-                 base=None):
+                 base=None, blocking=True):
     dense, meta = _save_metadata(obj, variables, optimizer, include_dense, metadata)
-    _ckpt.save(os.fspath(path), tables, steps=step, dense=dense or None, metadata=meta,
-               base=None if base is None else os.fspath(base))
+    return _ckpt.save(os.fspath(path), tables, steps=step, dense=dense or None, metadata=meta,
+                      base=None if base is None else os.fspath(base), blocking=blocking)
 
 
 def _save_metadata(obj, variables, optimizer, include_dense, metadata) -> tuple[dict, dict]:

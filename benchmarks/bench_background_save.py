@@ -1,0 +1,118 @@
+"""Training throughput while a background checkpoint save runs, and what its snapshot costs.
+
+    DUALEMB_NATIVE_DIR=build/<name>/dualemb PYTHONPATH=. python benchmarks/bench_background_save.py \
+        [--rows 1000000] [--dim 64] [--batch 4096] [--seconds 5] [--dir /tmp]
+
+Prints one JSON object. A rows x dim float32 table with Adam (two slot columns) is filled, then:
+
+* ``train_steps_per_s_idle``: core ``apply_gradients`` steps (``--batch`` random existing keys
+  each) per second for ``--seconds`` with nothing else running;
+* ``clone_s`` and ``clone_extra_rss_mb``: the time of ``Table.clone()`` (the snapshot a
+  background save takes while writers wait) and the growth of the resident set it causes, beside
+  ``table_memory_mb`` (``memory_bytes()``): a snapshot costs one table copy;
+* ``train_steps_per_s_during_save``: the same training while ``checkpoint.save(...,
+  blocking=False)`` runs, counted from the call until the save has published (the call itself,
+  i.e. the snapshot, included), and ``save_s`` its duration; ``ratio`` = during / idle;
+* ``blocking_save_s``: a blocking save of the same table, for comparison.
+
+The issue's goal is a ratio >= 0.7 on 2 cores; numbers from a loaded machine say little.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+import time
+
+import numpy as np
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--dir", default=None)
+    args = ap.parse_args()
+
+    from dualemb.core import Table, checkpoint
+
+    rows, dim = args.rows, args.dim
+    t = Table(dim, optimizer={"name": "adam"})
+    t.reserve(rows)
+    rng = np.random.default_rng(0)
+    page = 1 << 16
+    for i in range(0, rows, page):
+        k = np.arange(i, min(rows, i + page), dtype=np.int64)
+        t.insert_or_assign(k, rng.standard_normal((len(k), dim), dtype=np.float32))
+    grads = rng.standard_normal((args.batch, dim), dtype=np.float32)
+    step = [0]
+
+    def train_step():
+        step[0] += 1
+        keys = rng.integers(0, rows, args.batch)
+        t.apply_gradients(keys, grads, 0.001, step[0])
+
+    def steps_per_s(seconds, until=None):
+        n, t0 = 0, time.perf_counter()
+        while (time.perf_counter() - t0 < seconds) if until is None else not until():
+            train_step()
+            n += 1
+        return n / (time.perf_counter() - t0), time.perf_counter() - t0
+
+    idle, _ = steps_per_s(args.seconds)
+
+    rss0 = rss_mb()
+    t0 = time.perf_counter()
+    c = t.clone()
+    clone_s = time.perf_counter() - t0
+    clone_extra = rss_mb() - rss0
+    c.destroy()
+
+    tmp = tempfile.mkdtemp(prefix="dualemb-bench-bg-", dir=args.dir)
+    try:
+        path = os.path.join(tmp, "ckpt")
+        t0 = time.perf_counter()
+        checkpoint.save(path, {"t": t}, steps=step[0])
+        blocking_s = time.perf_counter() - t0
+
+        n, t0 = 0, time.perf_counter()
+        handle = checkpoint.save(path, {"t": t}, steps=step[0], blocking=False)
+        while not handle.done():
+            train_step()
+            n += 1
+        handle.wait()
+        save_s = time.perf_counter() - t0
+        during = n / save_s
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    print(json.dumps({
+        "rows": rows, "dim": dim, "optimizer": "adam", "batch": args.batch,
+        "cpu_count": os.cpu_count(),
+        "table_memory_mb": round(t.memory_bytes() / 2**20, 1),
+        "train_steps_per_s_idle": round(idle, 2),
+        "clone_s": round(clone_s, 4),
+        "clone_extra_rss_mb": round(clone_extra, 1),
+        "blocking_save_s": round(blocking_s, 3),
+        "save_s": round(save_s, 3),
+        "train_steps_during_save": n,
+        "train_steps_per_s_during_save": round(during, 2),
+        "ratio": round(during / idle, 3) if idle else None,
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
