@@ -83,7 +83,8 @@ void roll_back(StringKeys& m, const Storage& st, const std::vector<int64_t>& add
 void compact(StringKeys& m, const Storage& st) {
   const int64_t size = st.size();
   std::vector<int64_t> live(static_cast<size_t>(size));
-  const int64_t got = st.export_rows(0, size, live.data(), nullptr, nullptr, -1, nullptr, nullptr);
+  const int64_t got =
+      st.export_rows(0, size, live.data(), nullptr, nullptr, -1, nullptr, nullptr, nullptr);
   live.resize(static_cast<size_t>(got));
   std::sort(live.begin(), live.end());
   m.keep_only(live);
@@ -122,7 +123,7 @@ std::vector<int64_t> make_probed_rows(Storage& st, const std::vector<std::string
   }
   if (make.empty()) return {};
   *evicted += st.import_rows(make.data(), static_cast<int64_t>(make.size()), rows.data(), nullptr,
-                             -1, nullptr, nullptr);
+                             -1, nullptr, nullptr, nullptr);
   std::sort(make.begin(), make.end());
   return make;
 }
@@ -294,15 +295,17 @@ int64_t StringKeyTable::restrict_rows(int64_t num_reserved, RestrictBy by, const
 
 int64_t StringKeyTable::export_rows(int64_t offset, int64_t limit, de_string_keys_out* out,
                                     void* values, void* slots, int slots_given,
-                                    int64_t* last_update, int64_t* update_count) const {
+                                    int64_t* last_update, int64_t* update_count,
+                                    uint8_t* stepped) const {
   if (!out->offsets) throw std::invalid_argument("string keys out: offsets pointer is null");
   if (out->capacity < 0) throw std::invalid_argument("string keys out: negative capacity");
   if (out->capacity > 0 && !out->bytes)
     throw std::invalid_argument("string keys out: bytes pointer is null");
   Shared lock(map_.mutex());
   std::vector<int64_t> ids(static_cast<size_t>(std::min<int64_t>(limit, rows_.size())));
-  const int64_t got = rows_.export_rows(offset, static_cast<int64_t>(ids.size()), ids.data(),
-                                        values, slots, slots_given, last_update, update_count);
+  const int64_t got =
+      rows_.export_rows(offset, static_cast<int64_t>(ids.size()), ids.data(), values, slots,
+                        slots_given, last_update, update_count, stepped);
   int64_t used = 0, written = 0;
   out->offsets[0] = 0;
   out->needed = 0;
@@ -323,9 +326,10 @@ int64_t StringKeyTable::export_rows(int64_t offset, int64_t limit, de_string_key
 
 int64_t StringKeyTable::import_rows(const void* keys, int64_t n, const void* values,
                                     const void* slots, int slots_given, const int64_t* last_update,
-                                    const int64_t* update_count) {
+                                    const int64_t* update_count, const uint8_t* stepped) {
   return write_adding(keys, n, [&](const Strings&, const Ids& ids) {
-    return rows_.import_rows(ids.data(), n, values, slots, slots_given, last_update, update_count);
+    return rows_.import_rows(ids.data(), n, values, slots, slots_given, last_update, update_count,
+                             stepped);
   });
 }
 
