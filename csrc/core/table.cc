@@ -99,7 +99,7 @@ void Table::set_optimizer(const std::string& spec) {
   std::unique_ptr<Optimizer> old = std::move(optimizer_);
   optimizer_ = std::move(opt);
   // Same optimizer, numbers compared by value: {"epsilon": 0} equals {"epsilon": 0.0}.
-  bool same = old && optimizer_ && same_json(old->spec(), optimizer_->spec());
+  bool same = old && optimizer_ && same_optimizer_state(old->spec(), optimizer_->spec());
   if (old_slots != new_slots || !same) {
     try {
       rebuild_rows(dim_ * (1 + new_slots));

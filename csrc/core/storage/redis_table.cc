@@ -671,8 +671,12 @@ void RedisTable::set_optimizer(const std::string& spec) {
                                         : !meta_.opt_spec.empty() &&
                                               same_json(meta_.opt_spec, canonical);
     if (same) return;
-    // Rows keep their bytes; slots stamped with an older opt_gen read as initial slots.
     rows.meta_sets.push_back({"optimizer", canonical});
+    // Only the weight decay changed: the slots keep their meaning (same_optimizer_state).
+    if (!canonical.empty() && !meta_.opt_spec.empty() &&
+        same_optimizer_state(meta_.opt_spec, canonical))
+      return;
+    // Rows keep their bytes; slots stamped with an older opt_gen read as initial slots.
     rows.meta_sets.push_back({"opt_gen", std::to_string(meta_.opt_gen + 1)});
   });
 }
