@@ -87,11 +87,12 @@ def destroy(table_id: int) -> None:
 def host_table(table):
     """The ``dualemb.core._cuda.GpuTable`` of a GPU table handle, after the writes it depends
     on (host-side reads, export/import, restrict, ``dualemb.core.checkpoint``)."""
-    from dualemb.jax.table import block
+    import jax
 
     if getattr(table, "placement", "host") != "gpu":
         raise TypeError(f"{table!r} is not a GPU table")
-    block(table)
+    # dualemb.jax.table.block, written out: table.py imports this module (no import cycle).
+    jax.block_until_ready((table.version, table.step_code))
     return lookup_table(table.id)
 
 
