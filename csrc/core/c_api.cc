@@ -299,22 +299,23 @@ int de_restrict(int64_t id, int64_t num_reserved, int32_t policy, int32_t key_dt
 
 int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void* keys,
               void* values, void* slots, int32_t num_slots, int64_t* last_update,
-              int64_t* update_count, int64_t* out_n) {
+              int64_t* update_count, uint8_t* stepped, int64_t* out_n) {
   return guarded("export", [&] {
-    const int64_t n = dualemb::get_table(id)->export_rows(
-        offset, limit, key_dtype, keys, values, slots, num_slots, last_update, update_count);
+    const int64_t n = dualemb::get_table(id)->export_rows(offset, limit, key_dtype, keys, values,
+                                                          slots, num_slots, last_update,
+                                                          update_count, stepped);
     if (out_n) *out_n = n;
   });
 }
 
 int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const void* values,
               const void* slots, int32_t num_slots, const int64_t* last_update,
-              const int64_t* update_count, int64_t* evicted) {
+              const int64_t* update_count, const uint8_t* stepped, int64_t* evicted) {
   return guarded("import", [&] {
     auto t = dualemb::get_table(id);
     require(values, n, "values");
     set_evicted(evicted, t->import_rows({key_dtype, keys, n}, values, slots, num_slots,
-                                        last_update, update_count));
+                                        last_update, update_count, stepped));
   });
 }
 

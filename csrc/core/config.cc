@@ -392,6 +392,18 @@ bool same_json(const std::string& a, const std::string& b) {
   }
 }
 
+bool same_optimizer_state(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  try {
+    Json ja = Json::parse(a), jb = Json::parse(b);
+    if (ja.is_object()) ja.erase("weight_decay");
+    if (jb.is_object()) jb.erase("weight_decay");
+    return ja == jb;
+  } catch (const Json::exception&) {
+    return false;
+  }
+}
+
 std::string format_double(double v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";

@@ -88,6 +88,11 @@ std::string canonical_json(const std::string& s);  // s must be valid UTF-8
 std::string canonical_json_text(const std::string& text);
 // Whether two JSON texts hold the same value, numbers compared by value (1 == 1.0).
 bool same_json(const std::string& a, const std::string& b);
+// Whether two optimizer specs name the same optimizer state: equal (as same_json) once their
+// "weight_decay" members are left out. Decoupled weight decay reads and writes no slot, so a
+// change of it alone keeps the rows' slots (a checkpoint saved before the TF front end passed
+// Keras' weight_decay to the core continues with its slots).
+bool same_optimizer_state(const std::string& a, const std::string& b);
 
 // A double for messages: the canonical text, or "nan" / "inf" / "-inf".
 std::string format_double(double v);

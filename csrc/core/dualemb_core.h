@@ -250,16 +250,21 @@ DE_API int de_restrict(int64_t id, int64_t num_reserved, int32_t policy, int32_t
 // Paged export: rows [offset, offset+limit) of the table's iteration order (stable while the
 // table is not modified). Any output pointer may be NULL. `slots` has room for `num_slots`
 // slots per row; the call fails (writing nothing) if the table's slot count differs at the time
-// it runs, so a concurrent set_optimizer can never overrun the buffer. *out_n receives the rows
-// written.
+// it runs, so a concurrent set_optimizer can never overrun the buffer. `stepped[i]` is 1 where
+// an optimizer step has updated row i since its slots were initialised (de_apply_gradients sets
+// it for every key it is given, whatever the gradient; an insert or a change of optimizer clears
+// it): the rows TFRA's slot tables would hold. *out_n receives the rows written.
 DE_API int de_export(int64_t id, int64_t offset, int64_t limit, int32_t key_dtype, void* keys,
                      void* values, void* slots, int32_t num_slots, int64_t* last_update,
-                     int64_t* update_count, int64_t* out_n);
+                     int64_t* update_count, uint8_t* stepped, int64_t* out_n);
 // Import rows (insert or overwrite), with optional slots [n, num_slots, dim] (checked against
 // the table's slot count under its lock) and metadata. update_count saturates at 2^32 - 1.
+// stepped NULL: a row given slots is marked stepped where they differ from the optimizer's
+// initial slots, a row given none keeps its mark (a new row has none).
 DE_API int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
                      const void* values, const void* slots, int32_t num_slots,
-                     const int64_t* last_update, const int64_t* update_count, int64_t* evicted);
+                     const int64_t* last_update, const int64_t* update_count,
+                     const uint8_t* stepped, int64_t* evicted);
 // The table's logical clock (incremented by every write; stamped into last_update).
 DE_API int de_get_clock(int64_t id, int64_t* out);
 DE_API int de_set_clock(int64_t id, int64_t clock);

@@ -21,11 +21,19 @@
 namespace dualemb {
 
 // Per-row metadata, stored in front of the row's elements so one cache-line stream brings both.
+// `unused` is shared bit by bit: bit 31 is the "stepped" flag (an optimizer step has updated
+// this row's slots since they were last initialised: what a slot view lists, as TFRA's slot
+// tables hold every key the optimizer touched); touch it only through the accessors, the low 31
+// bits are not this flag's.
 struct RowMeta {
   int64_t key;
   int64_t last_update;
   uint32_t count;
-  uint32_t unused;  // low 31 bits: the change generation (below); bit 31 is left to others
+  uint32_t unused;  // low 31 bits: the change generation (below); bit 31: stepped
+
+  static constexpr uint32_t kSteppedBit = uint32_t(1) << 31;
+  bool stepped() const { return (unused & kSteppedBit) != 0; }
+  void set_stepped(bool on) { unused = on ? (unused | kSteppedBit) : (unused & ~kSteppedBit); }
 };
 
 // Change tracking (delta checkpoints, table.h): every write stamps the row with the table's

@@ -83,7 +83,8 @@ void roll_back(StringKeys& m, const Storage& st, const std::vector<int64_t>& add
 void compact(StringKeys& m, const Storage& st) {
   const int64_t size = st.size();
   std::vector<int64_t> live(static_cast<size_t>(size));
-  const int64_t got = st.export_rows(0, size, live.data(), nullptr, nullptr, -1, nullptr, nullptr);
+  const int64_t got =
+      st.export_rows(0, size, live.data(), nullptr, nullptr, -1, nullptr, nullptr, nullptr);
   live.resize(static_cast<size_t>(got));
   std::sort(live.begin(), live.end());
   m.keep_only(live);
@@ -122,7 +123,7 @@ std::vector<int64_t> make_probed_rows(Storage& st, const std::vector<std::string
   }
   if (make.empty()) return {};
   *evicted += st.import_rows(make.data(), static_cast<int64_t>(make.size()), rows.data(), nullptr,
-                             -1, nullptr, nullptr);
+                             -1, nullptr, nullptr, nullptr);
   std::sort(make.begin(), make.end());
   return make;
 }
@@ -322,10 +323,11 @@ int64_t StringKeyTable::export_strings(int64_t limit, de_string_keys_out* out,
 
 int64_t StringKeyTable::export_rows(int64_t offset, int64_t limit, de_string_keys_out* out,
                                     void* values, void* slots, int slots_given,
-                                    int64_t* last_update, int64_t* update_count) const {
+                                    int64_t* last_update, int64_t* update_count,
+                                    uint8_t* stepped) const {
   return export_strings(limit, out, [&](std::vector<int64_t>& ids) {
     return rows_.export_rows(offset, static_cast<int64_t>(ids.size()), ids.data(), values, slots,
-                             slots_given, last_update, update_count);
+                             slots_given, last_update, update_count, stepped);
   });
 }
 
@@ -351,9 +353,10 @@ int64_t StringKeyTable::export_changed(int64_t* cursor, int64_t limit, de_string
 
 int64_t StringKeyTable::import_rows(const void* keys, int64_t n, const void* values,
                                     const void* slots, int slots_given, const int64_t* last_update,
-                                    const int64_t* update_count) {
+                                    const int64_t* update_count, const uint8_t* stepped) {
   return write_adding(keys, n, [&](const Strings&, const Ids& ids) {
-    return rows_.import_rows(ids.data(), n, values, slots, slots_given, last_update, update_count);
+    return rows_.import_rows(ids.data(), n, values, slots, slots_given, last_update, update_count,
+                             stepped);
   });
 }
 

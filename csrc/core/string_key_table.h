@@ -42,14 +42,15 @@ class StringKeyTable {
   int64_t restrict_rows(int64_t num_reserved, RestrictBy by, const void* keys, const float* scores,
                         int64_t n);
   int64_t export_rows(int64_t offset, int64_t limit, de_string_keys_out* keys, void* values,
-                      void* slots, int slots_given, int64_t* last_update,
-                      int64_t* update_count) const;
+                      void* slots, int slots_given, int64_t* last_update, int64_t* update_count,
+                      uint8_t* stepped) const;
   // export_rows over the rows changed since the mark (storage.h: export_changed).
   int64_t export_changed(int64_t* cursor, int64_t limit, de_string_keys_out* keys, void* values,
                          void* slots, int slots_given, int64_t* last_update,
                          int64_t* update_count) const;
   int64_t import_rows(const void* keys, int64_t n, const void* values, const void* slots,
-                      int slots_given, const int64_t* last_update, const int64_t* update_count);
+                      int slots_given, const int64_t* last_update, const int64_t* update_count,
+                      const uint8_t* stepped);
   void initial_values(const void* keys, int64_t n, void* values) const;
   void stats(int64_t* entries, int64_t* key_bytes) const;
 

@@ -77,7 +77,8 @@ std::vector<int64_t> handles_of(const Storage& st, const int64_t* keys, int64_t 
 void compact(StringValues& pool, const Storage& st) {
   const int64_t size = st.size();
   std::vector<int64_t> live(static_cast<size_t>(size * st.dim()));
-  const int64_t got = st.export_rows(0, size, nullptr, live.data(), nullptr, -1, nullptr, nullptr);
+  const int64_t got =
+      st.export_rows(0, size, nullptr, live.data(), nullptr, -1, nullptr, nullptr, nullptr);
   live.resize(static_cast<size_t>(got * st.dim()));
   std::sort(live.begin(), live.end());
   pool.keep_only(live);
@@ -178,12 +179,13 @@ int64_t StringValueStorage::export_changed(int64_t* cursor, int64_t limit, int64
 
 int64_t StringValueStorage::import_rows(const int64_t* keys, int64_t n, const void* values,
                                         const void* slots, int slots_given,
-                                        const int64_t* last_update, const int64_t* update_count) {
+                                        const int64_t* last_update, const int64_t* update_count,
+                                        const uint8_t* stepped) {
   if (slots && slots_given > 0)
     throw std::invalid_argument("a table of value dtype string has no optimizer slots");
   Exclusive lock(pool_.mutex());
   return write_strings(keys, n, values, [&](const int64_t* handles) {
-    return rows_->import_rows(keys, n, handles, nullptr, -1, last_update, update_count);
+    return rows_->import_rows(keys, n, handles, nullptr, -1, last_update, update_count, stepped);
   });
 }
 
@@ -226,14 +228,14 @@ int64_t StringValueStorage::restrict(int64_t num_reserved, RestrictBy by, const 
 
 int64_t StringValueStorage::export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values,
                                         void*, int slots_given, int64_t* last_update,
-                                        int64_t* update_count) const {
+                                        int64_t* update_count, uint8_t* stepped) const {
   auto* out = static_cast<de_string_values_out*>(values);
   if (out) output(values, 0);  // checks its members
   Shared lock(pool_.mutex());
   const int64_t rows = std::min<int64_t>(limit, std::max<int64_t>(0, rows_->size() - offset));
   std::vector<int64_t> h(static_cast<size_t>(rows * rows_->dim()));
   const int64_t got = rows_->export_rows(offset, rows, keys, h.data(), nullptr, slots_given,
-                                         last_update, update_count);
+                                         last_update, update_count, stepped);
   emit(pool_, h.data(), got, out);
   return got;
 }

@@ -52,10 +52,11 @@ class StringValueStorage final : public Storage {
   int64_t restrict(int64_t num_reserved, RestrictBy by, const int64_t* keys, const float* scores,
                    int64_t n) override;
   int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values, void* slots,
-                      int slots_given, int64_t* last_update, int64_t* update_count) const override;
+                      int slots_given, int64_t* last_update, int64_t* update_count,
+                      uint8_t* stepped) const override;
   int64_t import_rows(const int64_t* keys, int64_t n, const void* values, const void* slots,
-                      int slots_given, const int64_t* last_update,
-                      const int64_t* update_count) override;
+                      int slots_given, const int64_t* last_update, const int64_t* update_count,
+                      const uint8_t* stepped) override;
   // The default row for every key (the initializer's strings).
   void initial_values(const int64_t* keys, int64_t n, void* values) const override;
 

@@ -99,7 +99,7 @@ void Table::set_optimizer(const std::string& spec) {
   std::shared_ptr<const Optimizer> old = std::move(optimizer_);
   optimizer_ = std::move(opt);
   // Same optimizer, numbers compared by value: {"epsilon": 0} equals {"epsilon": 0.0}.
-  bool same = old && optimizer_ && same_json(old->spec(), optimizer_->spec());
+  bool same = old && optimizer_ && same_optimizer_state(old->spec(), optimizer_->spec());
   if (old_slots != new_slots && evicted_.mode == 2 && evicted_.size() > 0) {
     optimizer_ = std::move(old);
     throw std::invalid_argument(
@@ -136,6 +136,7 @@ void Table::rebuild_rows(int64_t new_width) {
       std::memcpy(dst, old.row(i), row_bytes());
       init_slots(dst);
       r.meta(j) = old.meta(i);
+      r.meta(j).set_stepped(false);  // fresh slots: the new optimizer has stepped no row yet
     }
     fresh.push_back(std::move(r));
   }
@@ -257,7 +258,7 @@ int64_t Table::insert_new(Shard& s, int64_t key, uint64_t h, int64_t stamp) {
   s.rows.meta(r).key = key;
   s.rows.meta(r).last_update = stamp;
   s.rows.meta(r).count = 0;
-  s.rows.meta(r).unused = 0;
+  s.rows.meta(r).unused = 0;  // not stepped (bit 31), change generation set below
   set_change_gen(s.rows.meta(r), changes_.write_gen);
   init_slots(s.rows.row(r));
   return r;
@@ -550,6 +551,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
         meta.last_update = stamp;
         set_change_gen(meta, gen);
         bump_count(meta.count);
+        meta.set_stepped(true);  // also for an all-zero gradient: TFRA writes its slots too
       }
     } else {
       const int64_t width = s.rows.width();
@@ -564,6 +566,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
         meta.last_update = stamp;
         set_change_gen(meta, gen);
         bump_count(meta.count);
+        meta.set_stepped(true);  // also for an all-zero gradient: TFRA writes its slots too
       }
     }
     w = Work();
@@ -628,7 +631,7 @@ int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_
 
 int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values_out,
                            void* slots_out, int slots_given, int64_t* last_update,
-                           int64_t* update_count) const {
+                           int64_t* update_count, uint8_t* stepped) const {
   unsigned char* values = static_cast<unsigned char*>(values_out);
   unsigned char* slots = static_cast<unsigned char*>(slots_out);
   const size_t rb = row_bytes();
@@ -651,6 +654,7 @@ int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, void* v
       if (slots && ns) std::memcpy(slots + written * ns * rb, row + rb, rb * ns);
       if (last_update) last_update[written] = rows.meta(r).last_update;
       if (update_count) update_count[written] = rows.meta(r).count;
+      if (stepped) stepped[written] = rows.meta(r).stepped() ? 1 : 0;
       ++written;
     }
     base += sz;
@@ -660,7 +664,7 @@ int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, void* v
 
 int64_t Table::import_rows(const int64_t* keys, int64_t n, const void* values_in,
                            const void* slots_in, int slots_given, const int64_t* last_update,
-                           const int64_t* update_count) {
+                           const int64_t* update_count, const uint8_t* stepped) {
   const unsigned char* values = static_cast<const unsigned char*>(values_in);
   const unsigned char* slots = static_cast<const unsigned char*>(slots_in);
   const size_t rb = row_bytes();
@@ -671,14 +675,27 @@ int64_t Table::import_rows(const int64_t* keys, int64_t n, const void* values_in
   group_by_shard(keys, n, &g);
   prepare_inserts(g, n);
   const int64_t stamp = ++clock_;
+  // Without stepped flags, rows given slots count as stepped where those slots differ from the
+  // initial slots (what slot views showed before the flag existed: an old checkpoint shows the
+  // same keys after loading as before saving); rows without given slots keep their flag.
+  std::vector<unsigned char> initial;
+  if (!stepped && slots && ns) {
+    initial.resize(rb * (1 + ns));
+    init_slots(initial.data());
+  }
   for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
     if (r < 0) r = insert_new(s, keys[i], h, stamp);
     unsigned char* row = s.rows.row(r);
     std::memcpy(row, values + i * rb, rb);
     if (slots && ns) std::memcpy(row + rb, slots + i * ns * rb, rb * ns);
-    s.rows.meta(r).last_update = last_update ? last_update[i] : stamp;
-    s.rows.meta(r).count = update_count ? imported_count(update_count[i]) : 0;
-    set_change_gen(s.rows.meta(r), changes_.write_gen);
+    RowMeta& meta = s.rows.meta(r);
+    meta.last_update = last_update ? last_update[i] : stamp;
+    meta.count = update_count ? imported_count(update_count[i]) : 0;
+    set_change_gen(meta, changes_.write_gen);
+    if (stepped)
+      meta.set_stepped(stepped[i] != 0 && ns > 0);
+    else if (!initial.empty())
+      meta.set_stepped(std::memcmp(row + rb, initial.data() + rb, rb * ns) != 0);
   });
   if (last_update) clock_ = clock_after_import(clock_, last_update, n);
   return enforce_capacity();

@@ -64,11 +64,11 @@ class Table final : public Storage {
   // `slots_given` is the slot count the caller sized `slots` for (-1: no slots buffer); a
   // mismatch with the table's (checked under the lock) throws.
   int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values, void* slots,
-                      int slots_given, int64_t* last_update,
-                      int64_t* update_count) const override;
+                      int slots_given, int64_t* last_update, int64_t* update_count,
+                      uint8_t* stepped) const override;
   int64_t import_rows(const int64_t* keys, int64_t n, const void* values, const void* slots,
                       int slots_given, const int64_t* last_update,
-                      const int64_t* update_count) override;
+                      const int64_t* update_count, const uint8_t* stepped) override;
   void initial_values(const int64_t* keys, int64_t n, void* values) const override;
 
   // Change tracking and evicted-row capture (change_tracking.h, storage.h).

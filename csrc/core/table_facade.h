@@ -109,10 +109,11 @@ class TableFacade {
   // `keys` (may be null) is a buffer of `key_dtype`: int64_t/int32_t[limit] or a
   // de_string_keys_out. `num_slots` is what `slots` (may be null) was sized for.
   int64_t export_rows(int64_t offset, int64_t limit, int32_t key_dtype, void* keys, void* values,
-                      void* slots, int32_t num_slots, int64_t* last_update,
-                      int64_t* update_count) const;
+                      void* slots, int32_t num_slots, int64_t* last_update, int64_t* update_count,
+                      uint8_t* stepped) const;
   int64_t import_rows(const KeyBatch& keys, const void* values, const void* slots,
-                      int32_t num_slots, const int64_t* last_update, const int64_t* update_count);
+                      int32_t num_slots, const int64_t* last_update, const int64_t* update_count,
+                      const uint8_t* stepped);
   void initial_values(const KeyBatch& keys, void* values) const;
 
   // Change tracking (change_tracking.h) and evicted-row capture; the backend's, refused where it

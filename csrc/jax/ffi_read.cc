@@ -99,7 +99,7 @@ ffi::Error ExportImpl(Handle handle, Version version, ffi::Buffer<ffi::S32> offs
   int64_t n = 0;
   if (de_export(table_id, off, limit, dims.key_dtype, kdst, values->untyped_data(),
                 want_slots ? slots->untyped_data() : nullptr, dims.num_slots, nullptr, nullptr,
-                &n) != 0)
+                nullptr, &n) != 0)
     return CoreError("export");
   if (!k32.empty()) {  // int32 table exported as int64 / pairs: widen
     int64_t* dst = static_cast<int64_t*>(keys->untyped_data());

@@ -410,8 +410,10 @@ PYBIND11_MODULE(_core, m) {
     return removed;
   });
   // values may be None (keys and metadata alone: no copy of the rows).
-  m.def("export_page", [](int64_t id, int64_t offset, py::array keys, py::object values,
-                          py::object slots, py::object last_update, py::object update_count) {
+  m.def(
+      "export_page",
+      [](int64_t id, int64_t offset, py::array keys, py::object values, py::object slots,
+         py::object last_update, py::object update_count, py::object stepped) {
     int64_t limit = keys.size();
     KeyView k = key_view(keys);
     if (!keys.writeable()) throw py::value_error("keys buffer must be writable");
@@ -433,19 +435,24 @@ PYBIND11_MODULE(_core, m) {
     }
     lu = optional_buffer<int64_t>(last_update, limit, "last_update");
     uc = optional_buffer<int64_t>(update_count, limit, "update_count");
+    uint8_t* st = optional_buffer<uint8_t>(stepped, limit, "stepped");
     int64_t n = 0;
     int rc;
     {
       py::gil_scoped_release release;
       rc = de_export(id, offset, limit, k.dtype, const_cast<void*>(k.ptr), v ? v->ptr() : nullptr,
-                     sl, ns, lu, uc, &n);
+                     sl, ns, lu, uc, st, &n);
     }
     check(rc);
     if (v) v->fill(n * dim);
     return n;
-  });
-  m.def("import_rows", [](int64_t id, py::array keys, py::array values, py::object slots,
-                          py::object last_update, py::object update_count) {
+  },
+      py::arg("id"), py::arg("offset"), py::arg("keys"), py::arg("values"), py::arg("slots"),
+      py::arg("last_update"), py::arg("update_count"), py::arg("stepped") = py::none());
+  m.def(
+      "import_rows",
+      [](int64_t id, py::array keys, py::array values, py::object slots, py::object last_update,
+         py::object update_count, py::object stepped) {
     KeyView k = key_view(keys);
     RowFormat f = row_format(id);
     const int64_t dim = f.dim;
@@ -459,15 +466,18 @@ PYBIND11_MODULE(_core, m) {
     }
     const int64_t* lu = typed_input<int64_t>(last_update, k.n, "last_update");
     const int64_t* uc = typed_input<int64_t>(update_count, k.n, "update_count");
+    const uint8_t* st = typed_input<uint8_t>(stepped, k.n, "stepped");
     int64_t evicted = 0;
     int rc;
     {
       py::gil_scoped_release release;
-      rc = de_import(id, k.dtype, k.ptr, k.n, v.ptr(), sl, ns, lu, uc, &evicted);
+      rc = de_import(id, k.dtype, k.ptr, k.n, v.ptr(), sl, ns, lu, uc, st, &evicted);
     }
     check(rc);
     return evicted;
-  });
+  },
+      py::arg("id"), py::arg("keys"), py::arg("values"), py::arg("slots"),
+      py::arg("last_update"), py::arg("update_count"), py::arg("stepped") = py::none());
   m.def("initial_values", [](int64_t id, py::array keys, py::array values) {
     KeyView k = key_view(keys);
     RowFormat f = row_format(id);

@@ -64,9 +64,10 @@ std::shared_ptr<const de_string_keys> pack_string_keys(const py::array& keys, co
 void bind_string_keys(py::module_& m) {
   // One page of a string table: (rows written, list of their keys as bytes). The key
   // buffer grows until the whole page fits, so a page is never cut short by key sizes.
-  m.def("export_page_strings", [](int64_t id, int64_t offset, int64_t limit, py::object values,
-                                  py::object slots, int32_t num_slots, py::object last_update,
-                                  py::object update_count) {
+  m.def(
+      "export_page_strings",
+      [](int64_t id, int64_t offset, int64_t limit, py::object values, py::object slots,
+         int32_t num_slots, py::object last_update, py::object update_count, py::object stepped) {
     int64_t dim;
     int32_t kd, ns, vd;
     check(de_table_dims(id, &dim, &kd, &ns));
@@ -76,6 +77,7 @@ void bind_string_keys(py::module_& m) {
     void* sl = value_out(slots, limit * dim * num_slots, vd, "slots");
     int64_t* lu = out_buffer<int64_t>(last_update, limit, "last_update");
     int64_t* uc = out_buffer<int64_t>(update_count, limit, "update_count");
+    uint8_t* st = out_buffer<uint8_t>(stepped, limit, "stepped");
     std::vector<char> bytes(static_cast<size_t>(std::max<int64_t>(4096, 32 * limit)));
     std::vector<int64_t> offs(static_cast<size_t>(limit) + 1);
     de_string_keys_out out{};
@@ -85,7 +87,7 @@ void bind_string_keys(py::module_& m) {
       int rc;
       {
         py::gil_scoped_release release;
-        rc = de_export(id, offset, limit, DE_KEY_STRING, &out, v, sl, num_slots, lu, uc, &n);
+        rc = de_export(id, offset, limit, DE_KEY_STRING, &out, v, sl, num_slots, lu, uc, st, &n);
       }
       check(rc);
       if (out.needed == 0) break;
@@ -95,7 +97,10 @@ void bind_string_keys(py::module_& m) {
     for (int64_t i = 0; i < n; ++i)
       keys[i] = py::bytes(bytes.data() + offs[i], static_cast<size_t>(offs[i + 1] - offs[i]));
     return py::make_tuple(n, keys);
-  });
+  },
+      py::arg("id"), py::arg("offset"), py::arg("limit"), py::arg("values"), py::arg("slots"),
+      py::arg("num_slots"), py::arg("last_update"), py::arg("update_count"),
+      py::arg("stepped") = py::none());
   m.def("string_keys_stats", [](int64_t id) {
     int64_t entries = 0, key_bytes = 0;
     check(de_string_keys_stats(id, &entries, &key_bytes));

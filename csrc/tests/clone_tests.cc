@@ -38,7 +38,7 @@ Rows export_sorted(int64_t id, int num_slots) {
   int64_t got = 0;
   COK(de_export(id, 0, n, DE_KEY_INT64, r.keys.data(), r.values.data(),
                 num_slots ? r.slots.data() : nullptr, num_slots, r.last_update.data(),
-                r.count.data(), &got));
+                r.count.data(), /*stepped=*/nullptr, &got));
   CCHECK(got == n);
   std::vector<int64_t> order(n);
   for (int64_t i = 0; i < n; ++i) order[i] = i;

@@ -44,7 +44,7 @@ static void test_basic_ops() {
   CHECK(n == 2);
   std::vector<int64_t> ek(8);
   std::vector<float> ev(32);
-  OK(de_export(id, 0, 8, DE_KEY_INT64, ek.data(), ev.data(), nullptr, 0, nullptr, nullptr, &n));
+  OK(de_export(id, 0, 8, DE_KEY_INT64, ek.data(), ev.data(), nullptr, 0, nullptr, nullptr, nullptr, &n));
   CHECK(n == 2);
   // Bad input: wrong key dtype, unknown table, unknown optimizer.
   CHECK(de_find(id, DE_KEY_INT32, keys.data(), 4, out.data(), nullptr) == -1);
@@ -122,7 +122,7 @@ static void test_concurrency() {
       for (auto& k : keys) k = static_cast<int64_t>(rng() % 4000000);
       OK(de_find(id, DE_KEY_INT64, keys.data(), keys.size(), out.data(), nullptr));
       int64_t n;
-      OK(de_export(id, 0, 1000, DE_KEY_INT64, ek.data(), ev.data(), es.data(), 2, nullptr, nullptr, &n));
+      OK(de_export(id, 0, 1000, DE_KEY_INT64, ek.data(), ev.data(), es.data(), 2, nullptr, nullptr, nullptr, &n));
     }
   });
   for (int w = 0; w < kWriters; ++w) threads[w].join();
@@ -140,7 +140,7 @@ static void test_concurrency() {
   std::vector<int64_t> ek(size);
   std::vector<float> ev(size * 8);
   int64_t n = 0;
-  OK(de_export(id, 0, size, DE_KEY_INT64, ek.data(), ev.data(), nullptr, 0, nullptr, nullptr, &n));
+  OK(de_export(id, 0, size, DE_KEY_INT64, ek.data(), ev.data(), nullptr, 0, nullptr, nullptr, nullptr, &n));
   CHECK(n == size);
   for (int64_t i = 0; i < n; ++i) {
     int w = static_cast<int>(ek[i] / 1000000) - 1;
@@ -208,7 +208,7 @@ static void test_null_outputs() {
   fails_naming(de_accum(id, DE_KEY_INT64, keys, 3, vals, nullptr, nullptr), "exists");
   fails_naming(de_accum(id, DE_KEY_INT64, keys, 3, nullptr, ex, nullptr), "deltas");
   fails_naming(de_apply_gradients(id, DE_KEY_INT64, keys, 3, nullptr, 0.1f, 1, nullptr), "grads");
-  fails_naming(de_import(id, DE_KEY_INT64, keys, 3, nullptr, nullptr, 0, nullptr, nullptr, nullptr),
+  fails_naming(de_import(id, DE_KEY_INT64, keys, 3, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr),
                "values");
   fails_naming(de_initial_values(id, DE_KEY_INT64, keys, 3, nullptr), "values");
   fails_naming(de_find(id, DE_KEY_INT64, nullptr, 3, vals, nullptr), "keys");
@@ -224,9 +224,9 @@ static void test_null_outputs() {
   OK(de_insert_or_assign(id, DE_KEY_INT64, keys, 3, vals, nullptr));
   OK(de_accum(id, DE_KEY_INT64, keys, 3, vals, ex, nullptr));
   OK(de_apply_gradients(id, DE_KEY_INT64, keys, 3, vals, 0.1f, 1, nullptr));
-  OK(de_import(id, DE_KEY_INT64, keys, 3, vals, nullptr, 0, nullptr, nullptr, nullptr));
+  OK(de_import(id, DE_KEY_INT64, keys, 3, vals, nullptr, 0, nullptr, nullptr, nullptr, nullptr));
   OK(de_restrict(id, 3, DE_RESTRICT_RECENCY, DE_KEY_INT64, nullptr, nullptr, 0, nullptr));
-  OK(de_export(id, 0, 3, DE_KEY_INT64, nullptr, nullptr, nullptr, 0, nullptr, nullptr, nullptr));
+  OK(de_export(id, 0, 3, DE_KEY_INT64, nullptr, nullptr, nullptr, 0, nullptr, nullptr, nullptr, nullptr));
   OK(de_table_dims(id, nullptr, nullptr, nullptr));
   OK(de_table_create(id, R"({"dim": 2})", nullptr));  // an existing id needs no out_id
   size_t needed = 0;
@@ -400,7 +400,7 @@ static void test_value_dtypes() {
   OK(de_set_optimizer(id, R"({"name": "adagrad"})"));  // slot starts at 0.1 -> 0x2e66
   uint16_t v[1], slot[1];
   int64_t k = 0, n = 0;
-  OK(de_export(id, 0, 1, DE_KEY_INT64, &k, v, slot, 1, nullptr, nullptr, &n));
+  OK(de_export(id, 0, 1, DE_KEY_INT64, &k, v, slot, 1, nullptr, nullptr, nullptr, &n));
   CHECK(n == 1 && v[0] == 0x3c00 && slot[0] == 0x2e66);
   OK(de_table_destroy(id));
 }

@@ -58,7 +58,7 @@ void run_with_id_bits(int bits) {
   int64_t got = -1, total = 0, offset = 0;
   std::string seen;
   while (offset < 6) {
-    SCHECK(de_export(id, offset, 6, DE_KEY_STRING, &o, out.data(), nullptr, 0, nullptr, nullptr, &got) == 0);
+    SCHECK(de_export(id, offset, 6, DE_KEY_STRING, &o, out.data(), nullptr, 0, nullptr, nullptr, nullptr, &got) == 0);
     if (got == 0) {
       SCHECK(o.needed > static_cast<int64_t>(buf.size()));
       buf.resize(o.needed);

@@ -90,7 +90,7 @@ void basic() {
   // Export, erase, clear.
   int64_t ek[2] = {0, 0}, n = 0;
   Out eo(4);
-  VCHECK(de_export(id, 0, 2, DE_KEY_INT64, ek, &eo.out, nullptr, 0, nullptr, nullptr, &n) == 0);
+  VCHECK(de_export(id, 0, 2, DE_KEY_INT64, ek, &eo.out, nullptr, 0, nullptr, nullptr, nullptr, &n) == 0);
   VCHECK(n == 2);
   for (int i = 0; i < 2; ++i)
     VCHECK(eo.at(2 * i) == (ek[i] == 5 ? "last" : std::string(300, 'x')));
@@ -124,7 +124,7 @@ void churn() {
     std::vector<int64_t> ek(static_cast<size_t>(size));
     Out o(size * 3);
     int64_t n = 0;
-    VCHECK(de_export(id, 0, size, DE_KEY_INT64, ek.data(), &o.out, nullptr, 0, nullptr, nullptr, &n) == 0);
+    VCHECK(de_export(id, 0, size, DE_KEY_INT64, ek.data(), &o.out, nullptr, 0, nullptr, nullptr, nullptr, &n) == 0);
     for (int64_t r = 0; r < n; ++r)
       for (int j = 0; j < 3; ++j)
         VCHECK(o.at(r * 3 + j) == std::to_string(ek[r]) + std::string(40 + j, 'v'));

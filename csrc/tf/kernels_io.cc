@@ -42,13 +42,17 @@ class ExportOp : public OpKernel {
     int64_t rows = std::max<int64_t>(0, size - offset);
     if (limit >= 0) rows = std::min(rows, limit);
 
-    Tensor keys, values, slots, last, count;
+    Tensor keys, values, slots, last, count, stepped;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(key_type_, TensorShape({rows}), &keys));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(value_type_, TensorShape({rows, d.dim}), &values));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(value_type_, TensorShape({rows, d.num_slots, d.dim}),
                                            &slots));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({rows}), &last));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({rows}), &count));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_BOOL, TensorShape({rows}), &stepped));
+    // bool is one byte holding 0 or 1: the core's uint8 flags are valid bools.
+    static_assert(sizeof(bool) == 1, "TF bool tensors must be one byte per element");
+    uint8_t* stepped_ptr = reinterpret_cast<uint8_t*>(stepped.flat<bool>().data());
     int64_t got = 0;
     // A string table's rows come back through a CoreStringsOut, copied into `values` after.
     const bool string_values = d.value_dtype == DE_VALUE_STRING;
@@ -56,7 +60,7 @@ class ExportOp : public OpKernel {
     if (rows > 0 && string_values) {
       DE_CORE_CALL(ctx, de_export(id, offset, rows, d.key_dtype, keys.data(), string_rows.ptr(),
                                   nullptr, 0, last.flat<int64_t>().data(),
-                                  count.flat<int64_t>().data(), &got));
+                                  count.flat<int64_t>().data(), stepped_ptr, &got));
       string_rows.CopyTo(&values, got * d.dim);
     } else if (rows > 0 && d.key_dtype == DE_KEY_STRING) {
       // String keys come as bytes + offsets; the byte buffer grows until the page fits whole.
@@ -67,7 +71,7 @@ class ExportOp : public OpKernel {
         DE_CORE_CALL(ctx, de_export(id, offset, rows, d.key_dtype, &out,
                                     values.data(), d.num_slots ? slots.data() : nullptr,
                                     d.num_slots, last.flat<int64_t>().data(),
-                                    count.flat<int64_t>().data(), &got));
+                                    count.flat<int64_t>().data(), stepped_ptr, &got));
         if (out.needed == 0) break;
         bytes.resize(bytes.size() * 2 + static_cast<size_t>(out.needed));
       }
@@ -76,7 +80,8 @@ class ExportOp : public OpKernel {
     } else if (rows > 0) {
       DE_CORE_CALL(ctx, de_export(id, offset, rows, d.key_dtype, keys.data(),
                                   values.data(), d.num_slots ? slots.data() : nullptr,
-                                  d.num_slots, last.flat<int64_t>().data(), count.flat<int64_t>().data(), &got));
+                                  d.num_slots, last.flat<int64_t>().data(),
+                                  count.flat<int64_t>().data(), stepped_ptr, &got));
     }
     // The table may have shrunk between size and export (a concurrent erase): keep what was read.
     ctx->set_output(0, got == rows ? keys : keys.Slice(0, got));
@@ -84,6 +89,7 @@ class ExportOp : public OpKernel {
     ctx->set_output(2, got == rows ? slots : slots.Slice(0, got));
     ctx->set_output(3, got == rows ? last : last.Slice(0, got));
     ctx->set_output(4, got == rows ? count : count.Slice(0, got));
+    ctx->set_output(5, got == rows ? stepped : stepped.Slice(0, got));
   }
 
  private:
@@ -141,6 +147,16 @@ class ImportOp : public OpKernel {
     const int64_t* count_ptr = nullptr;
     OP_REQUIRES_OK(ctx, meta(last, "last_update", &last_ptr));
     OP_REQUIRES_OK(ctx, meta(count, "update_count", &count_ptr));
+    // `stepped` is an optional list input (0 or 1 tensors), so graphs saved before it load.
+    const uint8_t* stepped_ptr = nullptr;
+    if (ctx->num_inputs() > 6) {
+      const Tensor& stepped = ctx->input(6);
+      OP_REQUIRES(ctx, stepped.dims() == 1 && stepped.NumElements() == n,
+                  absl::InvalidArgumentError(name() + ": stepped has shape " +
+                                             stepped.shape().DebugString() + ", expected [" +
+                                             std::to_string(n) + "]"));
+      stepped_ptr = n ? reinterpret_cast<const uint8_t*>(stepped.flat<bool>().data()) : nullptr;
+    }
     const bool string_values = d.value_dtype == DE_VALUE_STRING;
     OP_REQUIRES(ctx, !(string_values && slot_ptr),
                 absl::InvalidArgumentError(name() + ": a table of value dtype string has no "
@@ -153,7 +169,7 @@ class ImportOp : public OpKernel {
     if (n > 0) {
       DE_CORE_CALL(ctx, de_import(id, d.key_dtype, CoreKeys(keys).ptr(), n,
                                   string_values ? string_rows.ptr() : values.data(), slot_ptr,
-                                  d.num_slots, last_ptr, count_ptr, &evicted));
+                                  d.num_slots, last_ptr, count_ptr, stepped_ptr, &evicted));
     }
     OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));
   }

@@ -186,6 +186,7 @@ REGISTER_OP("DualembExport")
     .Output("slots: Tvalue")
     .Output("last_update: int64")
     .Output("update_count: int64")
+    .Output("stepped: bool")
     .Attr(kKeyDtypeAttr)
     .Attr(kValueDtypeAttr)
     .Attr("dim: int = -1")
@@ -201,11 +202,12 @@ REGISTER_OP("DualembExport")
       c->set_output(2, c->MakeShape({n, c->UnknownDim(), d}));
       c->set_output(3, c->Vector(n));
       c->set_output(4, c->Vector(n));
+      c->set_output(5, c->Vector(n));
       return absl::OkStatus();
     })
     .Doc(R"doc(Rows [offset, offset+limit) of the table's iteration order (limit < 0: to the end):
 keys, values [n, dim], slots [n, num_slots, dim] (both in the table's value dtype), last_update,
-update_count.)doc");
+update_count, stepped (an optimizer step has updated the row's slots: what slot views list).)doc");
 
 REGISTER_OP("DualembImport")
     .Input("table: resource")
@@ -214,14 +216,18 @@ REGISTER_OP("DualembImport")
     .Input("slots: Tvalue")
     .Input("last_update: int64")
     .Input("update_count: int64")
+    .Input("stepped: Nstepped * bool")
     .Output("evicted: int64")
     .Attr(kKeyDtypeAttr)
     .Attr(kValueDtypeAttr)
     .Attr("clear: bool = false")
+    .Attr("Nstepped: int >= 0 = 0")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc(R"doc(Inserts or overwrites rows with optional slots [n, num_slots, dim] and metadata
-(pass empty tensors to leave them out). With clear, the table is emptied first.)doc");
+(pass empty tensors to leave them out), and optionally the stepped flags (a list of 0 or 1 bool
+vectors, so that graphs saved before this input still load; left out, rows given slots count as
+stepped where those differ from the initial slots). With clear, the table is emptied first.)doc");
 
 REGISTER_OP("DualembSetOptimizer")
     .Input("table: resource")

@@ -409,7 +409,8 @@ class Table(ChangeTracking):
 
     def export(self, offset: int = 0, limit: int | None = None) -> dict:
         """Rows [offset, offset+limit) in table order: keys, values, slots [n, num_slots, dim],
-        last_update, update_count. The order is stable while the table is not modified."""
+        last_update, update_count, stepped (bool: an optimizer step has updated the row since its
+        slots were initialised). The order is stable while the table is not modified."""
         offset = _count(offset, "offset")
         if limit is None:
             limit = max(0, self.size() - offset)
@@ -420,6 +421,7 @@ class Table(ChangeTracking):
         values = np.empty((limit, self._dim), self._value_dtype)
         last = np.empty(limit, np.int64)
         count = np.empty(limit, np.int64)
+        stepped = np.empty(limit, np.uint8)
         for attempt in range(3):
             # The core refuses (under its lock) a slots buffer sized for another slot count; an
             # optimizer attached in between through another handle is read again.
@@ -427,13 +429,14 @@ class Table(ChangeTracking):
             try:
                 n = _core.export_page(self._id, offset, keys, values,
                                       None if self._value_dtype_name == _vd.STRING else slots,
-                                      last, count)
+                                      last, count, stepped)
                 break
             except ValueError as e:
                 if "slots buffer sized for" not in str(e) or attempt == 2:
                     raise
         return {"keys": keys[:n], "values": values[:n], "slots": slots[:n],
-                "last_update": last[:n], "update_count": count[:n]}
+                "last_update": last[:n], "update_count": count[:n],
+                "stepped": stepped[:n].astype(bool)}
 
     def _export_strings(self, offset: int, limit: int) -> dict:
         # As export, with the keys as an object array of bytes (one call: rows and keys are read
@@ -441,12 +444,13 @@ class Table(ChangeTracking):
         values = np.empty((limit, self._dim), self._value_dtype)
         last = np.empty(limit, np.int64)
         count = np.empty(limit, np.int64)
+        stepped = np.empty(limit, np.uint8)
         for attempt in range(3):
             ns = self.num_slots
             slots = np.empty((limit, ns, self._dim), self._value_dtype)
             try:
                 n, keys = _core.export_page_strings(self._id, offset, limit, values, slots, ns,
-                                                    last, count)
+                                                    last, count, stepped)
                 break
             except ValueError as e:
                 if "slots buffer sized for" not in str(e) or attempt == 2:
@@ -454,7 +458,8 @@ class Table(ChangeTracking):
         key_array = np.empty(n, object)
         key_array[:] = keys
         return {"keys": key_array, "values": values[:n], "slots": slots[:n],
-                "last_update": last[:n], "update_count": count[:n]}
+                "last_update": last[:n], "update_count": count[:n],
+                "stepped": stepped[:n].astype(bool)}
 
     def export_keys(self, offset: int = 0, limit: int | None = None) -> np.ndarray:
         """The keys of rows [offset, offset+limit) alone (table order, as in export). For a
@@ -489,11 +494,14 @@ class Table(ChangeTracking):
             yield page
             offset += len(page["keys"])
 
-    def import_rows(self, keys, values, slots=None, last_update=None, update_count=None) -> int:
+    def import_rows(self, keys, values, slots=None, last_update=None, update_count=None,
+                    stepped=None) -> int:
         """Inserts or overwrites rows with optional slots [n, num_slots, dim] and metadata.
         Slots must match the table's slot count at the time of the call (checked in the core,
         under the table's lock); rows imported without slots keep theirs (new rows start from
-        the optimizer's initial slots). Returns keys evicted by a capacity."""
+        the optimizer's initial slots). ``stepped`` (bool [n], as ``export`` gives it) marks the
+        rows an optimizer has stepped; None: a row given slots is marked where they differ from
+        the initial slots, a row given none keeps its mark. Returns keys evicted by a capacity."""
         shaped = self._keys(keys)
         v = self._rows(values, shaped, "values").reshape(-1, self._dim)
         k = shaped.reshape(-1)
@@ -517,9 +525,14 @@ class Table(ChangeTracking):
                 raise ValueError(f"{name} has shape {a.shape}, expected {k.shape}")
             return a
 
+        flags = None
+        if stepped is not None:
+            flags = np.ascontiguousarray(np.asarray(stepped).astype(bool), np.uint8)
+            if flags.shape != k.shape:
+                raise ValueError(f"stepped has shape {flags.shape}, expected {k.shape}")
         return self._record_evicted(
             _core.import_rows(self._id, k, v, s, meta(last_update, "last_update"),
-                              meta(update_count, "update_count")))
+                              meta(update_count, "update_count"), flags))
 
     def initial_values(self, keys) -> np.ndarray:
         """The initializer's rows for keys (pure function of seed and key; table untouched)."""

@@ -1,5 +1,6 @@
-"""What the Flax front ends share: one optimizer step from several lookups' row gradients, and
-tied output embeddings (``attend``).
+"""What the Flax front ends share: the tape their ``value_and_grad`` records the Embed calls on,
+the ``emb_grads`` it returns, one optimizer step from several lookups' row gradients, and tied
+output embeddings (``attend``).
 
 The Flax front ends (:mod:`dualemb.jax.nnx`, :mod:`dualemb.jax.linen`) collect, per table, one
 ``(ids, row_grads)`` pair for each call of its module; a table called several times (shared by
@@ -9,11 +10,53 @@ batch (duplicates summed by ``apply_gradients``).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 from typing import Any
 
 import jax.numpy as jnp
 
 from dualemb.jax.ids import Ids
+
+
+class TapeSlot:
+    """Where an Embed call finds the tape of the ``value_and_grad`` being traced (None outside
+    one): a context variable, so nested or concurrent traces each see their own."""
+
+    def __init__(self, name: str):
+        self._var: contextvars.ContextVar = contextvars.ContextVar(name, default=None)
+
+    def get(self):
+        return self._var.get()
+
+    @contextlib.contextmanager
+    def recording(self, tape):
+        token = self._var.set(tape)
+        try:
+            yield tape
+        finally:
+            self._var.reset(token)
+
+
+def tapped(rows, taps, index: int):
+    """``rows`` plus the zero tap of call ``index`` (whose gradient is the rows' gradient);
+    ``rows`` unchanged while the shapes are recorded (``taps`` None)."""
+    return rows if taps is None else rows + taps[index]
+
+
+def path_key(path) -> str:
+    """An Embed's path as the key of ``emb_grads`` and ``tables()``: its parts joined by "/"."""
+    return "/".join(str(p) for p in path)
+
+
+def emb_grads_of(paths, operands, tap_grads) -> dict:
+    """``{embed path: [(ids, row_grads), ...]}`` (one entry per call, in call order) from each
+    call's path, ids operand (uint32 pairs become :class:`Ids` again) and tap gradient."""
+    out: dict = {}
+    for path, operand, g in zip(paths, operands, tap_grads):
+        ids = Ids(operand) if operand.dtype == jnp.uint32 else operand
+        out.setdefault(path_key(path), []).append((ids, g))
+    return out
 
 
 def combine(entries: list, dim: int) -> tuple:

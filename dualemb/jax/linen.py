@@ -44,8 +44,6 @@ growing with training — and ``attend`` without ``ids`` raises ``TypeError``.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import flax.linen as nn
@@ -55,8 +53,9 @@ import jax.numpy as jnp
 from dualemb.jax import ops as _ops
 from dualemb.jax import train as _train
 from dualemb.jax._grad_guard import guarded
-from dualemb.jax._flax_common import ATTEND_WITHOUT_IDS, attend_logits, combine
-from dualemb.jax.ids import Ids, key_operand
+from dualemb.jax._flax_common import (ATTEND_WITHOUT_IDS, TapeSlot, attend_logits, combine,
+                                      emb_grads_of, path_key, tapped)
+from dualemb.jax.ids import key_operand
 from dualemb.jax.table import Table, create
 
 COLLECTION = "dualemb"
@@ -140,25 +139,10 @@ class _Tape:
         self.paths.append(path)
         self.operands.append(operand)
         self.structs.append(jax.ShapeDtypeStruct(rows.shape, rows.dtype))
-        if self.taps is None:
-            return rows
-        return rows + self.taps[len(self.paths) - 1]
+        return tapped(rows, self.taps, len(self.paths) - 1)
 
 
-_TAPE: contextvars.ContextVar = contextvars.ContextVar("dualemb_linen_tape", default=None)
-
-
-@contextlib.contextmanager
-def _taping(tape: _Tape):
-    token = _TAPE.set(tape)
-    try:
-        yield tape
-    finally:
-        _TAPE.reset(token)
-
-
-def _path_key(path: Sequence[str]) -> str:
-    return "/".join(path)
+_TAPE = TapeSlot("dualemb_linen_tape")
 
 
 def value_and_grad(fun: Callable, argnums: Union[int, Sequence[int]] = 0, *,
@@ -180,7 +164,7 @@ def value_and_grad(fun: Callable, argnums: Union[int, Sequence[int]] = 0, *,
         probe = _Tape(None)
 
         def record(*a):
-            with _taping(probe):
+            with _TAPE.recording(probe):
                 out = fun(*a)
             return out
 
@@ -191,7 +175,7 @@ def value_and_grad(fun: Callable, argnums: Union[int, Sequence[int]] = 0, *,
         def inner(*a):
             *real, taps_in = a
             tape = _Tape(taps_in)
-            with _taping(tape):
+            with _TAPE.recording(tape):
                 out = fun(*real)
             if len(tape.paths) != len(taps_in):
                 raise RuntimeError("the Embed calls of fun changed between two traces "
@@ -203,10 +187,7 @@ def value_and_grad(fun: Callable, argnums: Union[int, Sequence[int]] = 0, *,
         grad_fn = jax.value_and_grad(inner, argnums=nums + (len(args),), has_aux=True)
         (loss, (aux, operands)), grads = grad_fn(*args, taps)
         *param_grads, tap_grads = grads
-        emb_grads: dict = {}
-        for path, operand, g in zip(paths, operands, tap_grads):
-            ids = Ids(operand) if operand.dtype == jnp.uint32 else operand
-            emb_grads.setdefault(_path_key(path), []).append((ids, g))
+        emb_grads = emb_grads_of(paths, operands, tap_grads)
         value = (loss, aux) if has_aux else loss
         param_grads = param_grads[0] if isinstance(argnums, int) else tuple(param_grads)
         return value, param_grads, emb_grads
@@ -225,7 +206,7 @@ def tables(collection: Mapping) -> dict:
     def walk(node, path):
         for k, v in node.items():
             if k == _TABLE and isinstance(v, Table):
-                out[_path_key(path)] = v
+                out[path_key(path)] = v
             elif isinstance(v, Mapping):
                 walk(v, path + (k,))
 

@@ -60,8 +60,6 @@ update.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 from typing import Callable
 
 import jax
@@ -72,9 +70,10 @@ from dualemb.jax import many as _many
 from dualemb.jax import ops as _ops
 from dualemb.jax import optimizers as _opts
 from dualemb.jax._grad_guard import guarded
-from dualemb.jax._flax_common import ATTEND_WITHOUT_IDS, attend_logits, combine
+from dualemb.jax._flax_common import (ATTEND_WITHOUT_IDS, TapeSlot, attend_logits, combine,
+                                      emb_grads_of, path_key, tapped)
 from dualemb.jax import train as _train
-from dualemb.jax.ids import Ids, key_operand
+from dualemb.jax.ids import key_operand
 from dualemb.jax.table import Table, create
 
 
@@ -216,21 +215,10 @@ class _Tape:
         operand, shape = key_operand(ids, module.table.get_value().key_dtype)
         self.calls.append((path, operand, tuple(shape)))
         self.dtypes.append(rows.dtype)
-        if self.taps is None:
-            return rows
-        return rows + self.taps[len(self.calls) - 1]
+        return tapped(rows, self.taps, len(self.calls) - 1)
 
 
-_TAPE: contextvars.ContextVar = contextvars.ContextVar("dualemb_nnx_tape", default=None)
-
-
-@contextlib.contextmanager
-def _taping(tape: _Tape):
-    token = _TAPE.set(tape)
-    try:
-        yield tape
-    finally:
-        _TAPE.reset(token)
+_TAPE = TapeSlot("dualemb_nnx_tape")
 
 
 def _embeds(model) -> dict:
@@ -262,7 +250,7 @@ def value_and_grad(loss_fn: Callable, *, has_aux: bool = False, wrt=nnx.Param) -
         # 1. Shapes of the rows each Embed call returns (abstract: nothing runs).
         def probe(model, *args):
             tape = _Tape(_embed_paths(model), None)
-            with _taping(tape):
+            with _TAPE.recording(tape):
                 loss_fn(model, *args)
             # Taps in the rows' dtype, so that rows + tap keeps it (a float16 table's rows
             # stay float16, and their gradients come back float16).
@@ -275,7 +263,7 @@ def value_and_grad(loss_fn: Callable, *, has_aux: bool = False, wrt=nnx.Param) -
         # 2. Differentiate with respect to the parameters and the taps.
         def inner(model, taps, *args):
             tape = _Tape(_embed_paths(model), taps)
-            with _taping(tape):
+            with _TAPE.recording(tape):
                 out = loss_fn(model, *args)
             loss, aux = (out if has_aux else (out, None))
             calls = [(path, operand) for path, operand, _ in tape.calls]
@@ -283,10 +271,7 @@ def value_and_grad(loss_fn: Callable, *, has_aux: bool = False, wrt=nnx.Param) -
 
         grad_fn = nnx.value_and_grad(inner, argnums=(nnx.DiffState(0, wrt), 1), has_aux=True)
         (loss, (aux, calls)), (grads, tap_grads) = grad_fn(model, taps, *args)
-        emb_grads: dict = {}
-        for (path, operand), g in zip(calls, tap_grads):
-            ids = Ids(operand) if operand.dtype == jnp.uint32 else operand
-            emb_grads.setdefault(_path_key(path), []).append((ids, g))
+        emb_grads = emb_grads_of([c[0] for c in calls], [c[1] for c in calls], tap_grads)
         value = (loss, aux) if has_aux else loss
         return value, grads, emb_grads
 
@@ -298,10 +283,6 @@ def _dims(model, calls) -> list:
     return [by_path[path].dim for path, _, _ in calls]
 
 
-def _path_key(path) -> str:
-    return "/".join(str(p) for p in path)
-
-
 def apply_gradients(model, emb_grads: dict) -> None:
     """Applies :func:`value_and_grad`'s ``emb_grads`` to the tables of ``model``'s
     :class:`Embed` modules (one step per table: the calls of a shared table are combined).
@@ -311,7 +292,7 @@ def apply_gradients(model, emb_grads: dict) -> None:
     module must then own a table of its own (two modules holding one table raise). Other
     modules (``ShardedEmbed``, generic Optax optimizers, subclasses that override
     ``apply_gradients``) step their tables themselves."""
-    by_path = {_path_key(p): m for p, m in _embeds(model).items()}
+    by_path = {path_key(p): m for p, m in _embeds(model).items()}
     together = {}
     for key, entries in emb_grads.items():
         module = by_path.get(key)
@@ -371,13 +352,13 @@ def tables(model) -> dict:
     :class:`ShardedEmbed`; paths as in
     :func:`value_and_grad`'s ``emb_grads``), e.g. for ``dualemb.jax.orbax.TablesSave`` /
     ``TablesRestore`` or ``dualemb.jax.save``."""
-    return {_path_key(p): m.table.get_value() for p, m in _embeds(model).items()}
+    return {path_key(p): m.table.get_value() for p, m in _embeds(model).items()}
 
 
 def set_tables(model, tables: dict) -> None:
     """Puts restored table handles (``{path: Table}``, as :func:`tables` names them, e.g. what
     ``TablesRestore`` returned) into ``model``'s :class:`Embed` modules."""
-    by_path = {_path_key(p): m for p, m in _embeds(model).items()}
+    by_path = {path_key(p): m for p, m in _embeds(model).items()}
     unknown = sorted(set(tables) - set(by_path))
     if unknown:
         raise KeyError(f"no Embed at {unknown} in the model (it has {sorted(by_path)})")

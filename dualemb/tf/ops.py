@@ -25,10 +25,11 @@ Contract used by ``dualemb/tf/saving.py`` (checkpoints):
 -> dict``
     Rows ``[offset, offset + limit)`` of the table's iteration order (``limit < 0``: all rows
     from offset): ``{"keys": [n] key_dtype, "values": [n, dim], "slots": [n, num_slots, dim]
-    (both value_dtype), "last_update": [n] i64, "update_count": [n] i64}``. The order is stable
-    while the table is not modified, so paging with offset/limit is consistent.
+    (both value_dtype), "last_update": [n] i64, "update_count": [n] i64, "stepped": [n] bool}``
+    (``stepped``: an optimizer step has updated the row since its slots were initialised). The
+    order is stable while the table is not modified, so paging with offset/limit is consistent.
 ``import_table(handle, keys, values, slots=None, last_update=None, update_count=None,
-clear=False) -> evicted (int64 scalar)``
+clear=False, stepped=None) -> evicted (int64 scalar)``
     Inserts or overwrites rows (values and slots in the table's value dtype); ``slots`` must be
     ``[n, num_slots, dim]`` of the attached optimizer (None: new rows get the optimizer's initial
     slots); None metadata is left out. ``clear=True`` empties the table first (restore = replace,
@@ -154,17 +155,19 @@ def restrict(table, num_reserved, policy: str = "recency", keys=None, scores=Non
 
 def export_table(table, key_dtype=tf.int64, dim: int = -1, value_dtype=tf.float32, offset=0,
                  limit=-1) -> dict:
-    keys, values, slots, last, count = _ops.dualemb_export(
+    keys, values, slots, last, count, stepped = _ops.dualemb_export(
         table, tf.cast(offset, tf.int64), tf.cast(limit, tf.int64), Tkey=key_dtype, dim=dim,
         Tvalue=value_dtype)
     return {"keys": keys, "values": values, "slots": slots, "last_update": last,
-            "update_count": count}
+            "update_count": count, "stepped": stepped}
 
 
 def import_table(table, keys, values, slots=None, last_update=None, update_count=None,
-                 clear: bool = False):
+                 clear: bool = False, stepped=None):
     """Values (a tensor: its dtype must be the table's; a Python list becomes float32) and slots
-    (the values' dtype) go in as they are."""
+    (the values' dtype) go in as they are. ``stepped`` (bool [n]) marks the rows an optimizer
+    has stepped; left out, rows given slots count as stepped where they differ from the initial
+    slots."""
     keys = tf.convert_to_tensor(keys)
     values = tf.convert_to_tensor(values, None if hasattr(values, "dtype") else tf.float32)
     empty_v = tf.zeros([0], values.dtype)
@@ -174,6 +177,7 @@ def import_table(table, keys, values, slots=None, last_update=None, update_count
         empty_v if slots is None else tf.convert_to_tensor(slots, values.dtype),
         empty_i if last_update is None else tf.cast(last_update, tf.int64),
         empty_i if update_count is None else tf.cast(update_count, tf.int64),
+        [] if stepped is None else [tf.cast(stepped, tf.bool)],
         clear=clear)
 
 

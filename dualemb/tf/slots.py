@@ -5,15 +5,12 @@ same core row as the value, so that a row and its optimizer state are inserted, 
 restored together. ``Variable.get_slot_variables()`` returns one ``SlotVariable`` per slot, named
 ``"{variable name}/{slot name}"`` with the Keras slot names (``momentum``, ``velocity``, ...).
 
-**Which keys a slot shows.** TFRA's slot tables hold only the keys the optimizer has updated; here
-every row carries slots, and a row written by ``upsert`` (or inserted by a lookup) carries the
-optimizer's *initial* slots. The core records no "written by the optimizer" bit (an optimizer step
-and an upsert both stamp ``last_update`` and bump ``update_count``), so ``export()`` and ``size()``
-show the rows whose slots differ from the optimizer's initial slots — exactly the rows an optimizer
-step has changed. The one difference from TFRA: a trained key whose slots never moved is not
-shown, where TFRA would hold it: one whose every gradient was zero (Adam's m = v = 0, for
-instance), or whose gradients were so small that their effect on the slots vanished in rounding
-(Adagrad: g^2 below half an ulp of the accumulator), though its row moved.
+**Which keys a slot shows.** TFRA's slot tables hold the keys the optimizer has stepped: every
+key of a batch that ``apply_gradients`` updated, whatever its gradient (an all-zero gradient
+behind a dead ReLU included), and no key that was only upserted or looked up. Here every row
+carries slots, and the core marks a row "stepped" when a fused optimizer step updates it (an
+insert, and a change of optimizer, clear the mark; checkpoints keep it). ``export()`` and
+``size()`` show exactly the stepped rows, so they hold the same keys as TFRA's slot tables.
 ``lookup(keys)`` reads any row's slots (the initial slots for rows never trained, and for
 absent keys, which is what TFRA's slot lookup returns for a missing key).
 """
@@ -65,24 +62,23 @@ class SlotVariable:
         self.key_dtype = params.key_dtype
 
     def _shard_pages(self, trained_only: bool):
-        """Per shard: (keys, this slot's rows), of the trained rows when ``trained_only``."""
-        initial = tf.constant(initial_slots(self.params)) if trained_only else None
+        """Per shard: (keys, this slot's rows), of the stepped rows when ``trained_only``."""
         for shard in self.params.tables:
             page = ops.export_table(shard.resource, self.params.key_dtype, self.params.dim,
                                     self.params.value_dtype)
             keys, slots = page["keys"], page["slots"]
-            if trained_only:  # any slot of the row moved: all slot views show the same keys
-                trained = tf.reduce_any(tf.not_equal(slots, initial[None]), axis=[1, 2])
-                keys, slots = tf.boolean_mask(keys, trained), tf.boolean_mask(slots, trained)
+            if trained_only:  # the core's per-row mark: all slot views show the same keys
+                keys = tf.boolean_mask(keys, page["stepped"])
+                slots = tf.boolean_mask(slots, page["stepped"])
             yield keys, slots[:, self.index, :]
 
     def export(self):
-        """(keys [n], slot values [n, dim]) of the rows the optimizer has updated."""
+        """(keys [n], slot values [n, dim]) of the rows the optimizer has stepped."""
         pages = list(self._shard_pages(trained_only=True))
         return tf.concat([k for k, _ in pages], 0), tf.concat([v for _, v in pages], 0)
 
     def size(self, index=None):
-        """Number of rows the optimizer has updated (all shards, or shard ``index``)."""
+        """Number of rows the optimizer has stepped (all shards, or shard ``index``)."""
         pages = list(self._shard_pages(trained_only=True))
         if index is not None:
             if not 0 <= int(index) < len(pages):

@@ -5,7 +5,6 @@ slices were spread still read back (docs/redis.md).
 Every cluster is started by the test on free 127.0.0.1 ports (tests/redis_server.py) and each
 node is killed by its pid in the fixture's teardown, also when the test fails."""
 
-import itertools
 import time
 
 import numpy as np
@@ -13,28 +12,11 @@ import pytest
 
 from dualemb.core import Table, initializers
 from redis_server import RedisCluster, RedisServer
-
-TIMEOUT_MS = 500
-_names = itertools.count()
+from redis_tables import assert_same_rows, fresh_name, random_ops_alike, redis_table, rows
 
 
 def table(addresses, dim=4, name=None, mode="cluster", **kwargs):
-    redis = {"name": name or f"spread{next(_names)}", "addresses": list(addresses), "mode": mode,
-             "connect_timeout_ms": TIMEOUT_MS, "command_timeout_ms": TIMEOUT_MS,
-             **kwargs.pop("redis", {})}
-    return Table(dim=dim, backend={"redis": redis}, **kwargs)
-
-
-def rows(t):
-    out = t.export()
-    order = np.argsort(out["keys"], kind="stable")
-    return {k: v[order] for k, v in out.items()}
-
-
-def assert_same_rows(a, b):
-    ra, rb = (a if isinstance(a, dict) else rows(a)), (b if isinstance(b, dict) else rows(b))
-    for k in ("keys", "values", "slots", "update_count"):
-        np.testing.assert_array_equal(ra[k], rb[k], err_msg=k)
+    return redis_table(addresses, dim=dim, name=name or fresh_name("spread"), mode=mode, **kwargs)
 
 
 def dbsizes(cluster):
@@ -48,15 +30,6 @@ def rows_per_master(cluster, name):
         keys = [k for k in n.cli("--scan", "--pattern", f"de:*{name}/*:b*").splitlines() if k]
         out.append(sum(int(n.cli("HLEN", k)) for k in keys))
     return out
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    c = RedisCluster(3)
-    try:
-        yield c
-    finally:
-        c.cleanup()
 
 
 @pytest.fixture
@@ -73,7 +46,7 @@ def test_storage_slice_spreads_one_table_over_every_master(cluster):
     # TFRA's RedisTable with storage_slice 3 on 3 masters puts a slice on each; dualemb used to
     # put every slice in one hash slot (DBSIZE per master [0, 4, 0]).
     before = dbsizes(cluster)
-    name = f"spread{next(_names)}"
+    name = fresh_name("spread")
     t = table(cluster.addresses, name=name, redis={"storage_slice": 3})
     rng = np.random.default_rng(0)
     keys = rng.choice(1 << 40, 300, replace=False).astype(np.int64)
@@ -99,38 +72,13 @@ def test_spread_table_matches_the_memory_table_bit_for_bit(cluster):
     red = table(cluster.addresses, dim=5, initializer=init, optimizer=opt,
                 redis={"storage_slice": 7, "keys_sending_size": 5})
     mem = Table(dim=5, initializer=init, optimizer=opt)
-    rng = np.random.default_rng(1)
-    for step in range(1, 43):
-        keys = rng.integers(-40, 40, size=int(rng.integers(0, 50)))  # duplicates on purpose
-        vals = rng.normal(size=(keys.size, 5)).astype(np.float32)
-        op = step % 7
-        if op == 0:
-            red.insert_or_assign(keys, vals), mem.insert_or_assign(keys, vals)
-        elif op == 1:
-            a, b = red.find_or_insert(keys), mem.find_or_insert(keys)
-            np.testing.assert_array_equal(a[0], b[0]), np.testing.assert_array_equal(a[1], b[1])
-        elif op == 2:
-            ex = rng.integers(0, 2, keys.size).astype(bool)
-            red.accum(keys, vals, ex), mem.accum(keys, vals, ex)
-        elif op == 3:
-            red.apply_gradients(keys, vals, lr=0.01, step=step)
-            mem.apply_gradients(keys, vals, lr=0.01, step=step)
-        elif op == 4:
-            red.erase(keys[:5]), mem.erase(keys[:5])
-        elif op == 5 and step > 20:
-            assert red.restrict(30, by="frequency") == mem.restrict(30, by="frequency")
-        elif op == 6 and step == 41:
-            red.clear(), mem.clear()
-        a, b = red.find(keys), mem.find(keys)
-        np.testing.assert_array_equal(a[0], b[0])
-        np.testing.assert_array_equal(a[1], b[1])
-        assert red.size() == mem.size()
+    random_ops_alike(red, mem, steps=42, span=40, max_batch=50, erase=5, with_restrict=True)
     assert_same_rows(red, mem)
 
 
 def test_a_node_killed_mid_batch_leaves_the_table_as_it_was(own_cluster):
     c = own_cluster
-    name = f"kill{next(_names)}"
+    name = fresh_name("kill")
     t = table(c.addresses, dim=3, name=name, optimizer="adagrad", redis={"storage_slice": 3})
     keys = np.arange(300, dtype=np.int64) * 13
     g1 = np.random.default_rng(2).normal(size=(300, 3)).astype(np.float32)
@@ -168,7 +116,7 @@ def test_a_node_killed_mid_batch_leaves_the_table_as_it_was(own_cluster):
 
 def test_a_paused_node_that_comes_back_cannot_replay_a_rolled_back_batch(own_cluster):
     c = own_cluster
-    name = f"pause{next(_names)}"
+    name = fresh_name("pause")
     t = table(c.addresses, dim=2, name=name, redis={"storage_slice": 3})
     keys = np.arange(200, dtype=np.int64)
     vals = np.arange(400, dtype=np.float32).reshape(200, 2)
@@ -196,7 +144,7 @@ def test_tables_written_before_the_spread_layout_still_read(cluster):
     # moved into the cluster with MIGRATE.
     s = RedisServer()
     try:
-        name = f"old{next(_names)}"
+        name = fresh_name("old")
         old = table([s.address], mode="standalone", name=name, dim=2, redis={"storage_slice": 3})
         keys = np.arange(50, dtype=np.int64) * 101
         vals = np.arange(100, dtype=np.float32).reshape(50, 2)

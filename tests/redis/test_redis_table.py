@@ -4,7 +4,6 @@ paused or killed mid-use, wrong password or port, a Redis Cluster, a second proc
 Every server is started by the test (tests/redis_server.py) on a free 127.0.0.1 port and killed by
 its pid in a fixture teardown."""
 
-import itertools
 import json
 import os
 import subprocess
@@ -15,34 +14,8 @@ import numpy as np
 import pytest
 
 from dualemb.core import Table, initializers, checkpoint
-from redis_server import RedisCluster, RedisServer, running_server
-
-TIMEOUT_MS = 500
-_names = itertools.count()
-
-
-server = pytest.fixture(running_server)
-
-
-def redis_table(server_or_addresses, dim=4, name=None, **kwargs):
-    redis = kwargs.pop("redis", {})
-    addresses = ([server_or_addresses.address] if isinstance(server_or_addresses, RedisServer)
-                 else list(server_or_addresses))
-    cfg = {"name": name or f"t{next(_names)}", "addresses": addresses,
-           "connect_timeout_ms": TIMEOUT_MS, "command_timeout_ms": TIMEOUT_MS, **redis}
-    return Table(dim=dim, backend={"redis": cfg}, **kwargs)
-
-
-def rows(table):
-    out = table.export()
-    order = np.argsort(out["keys"], kind="stable")
-    return {k: out[k][order] for k in out}
-
-
-def assert_same_rows(a, b):
-    ra, rb = rows(a), rows(b)
-    for k in ("keys", "values", "slots", "update_count"):
-        np.testing.assert_array_equal(ra[k], rb[k], err_msg=k)
+from redis_server import RedisServer
+from redis_tables import assert_same_rows, fresh_name, random_ops_alike, redis_table, rows
 
 
 def test_random_ops_match_the_memory_table_bit_for_bit(server):
@@ -51,34 +24,13 @@ def test_random_ops_match_the_memory_table_bit_for_bit(server):
     red = redis_table(server, dim=5, initializer=init, optimizer=opt,
                       redis={"storage_slice": 3, "keys_sending_size": 7})
     mem = Table(dim=5, initializer=init, optimizer=opt)
-    rng = np.random.default_rng(1)
-    for step in range(1, 41):
-        keys = rng.integers(-30, 30, size=int(rng.integers(0, 40)))  # duplicates on purpose
-        vals = rng.normal(size=(keys.size, 5)).astype(np.float32)
-        op = step % 6
-        if op == 0:
-            red.insert_or_assign(keys, vals), mem.insert_or_assign(keys, vals)
-        elif op == 1:
-            a, b = red.find_or_insert(keys), mem.find_or_insert(keys)
-            np.testing.assert_array_equal(a[0], b[0]), np.testing.assert_array_equal(a[1], b[1])
-        elif op == 2:
-            ex = rng.integers(0, 2, keys.size).astype(bool)
-            red.accum(keys, vals, ex), mem.accum(keys, vals, ex)
-        elif op == 3:
-            red.apply_gradients(keys, vals, lr=0.01, step=step)
-            mem.apply_gradients(keys, vals, lr=0.01, step=step)
-        elif op == 4:
-            red.erase(keys[:3]), mem.erase(keys[:3])
-        a, b = red.find(keys), mem.find(keys)
-        np.testing.assert_array_equal(a[0], b[0])
-        np.testing.assert_array_equal(a[1], b[1])
-        assert red.size() == mem.size()
+    random_ops_alike(red, mem, steps=40, span=30, max_batch=40, erase=3)
     assert_same_rows(red, mem)
     assert red.slot_names == mem.slot_names and len(red.slot_names) == 2
 
 
 def test_a_second_process_sees_the_rows_and_optimizer(server):
-    name = f"persist{next(_names)}"
+    name = fresh_name("persist")
     t = redis_table(server, dim=3, name=name, optimizer="adagrad")
     keys = np.array([7, 8, 9])
     t.apply_gradients(keys, np.ones((3, 3), np.float32), lr=0.5, step=1)
@@ -210,19 +162,10 @@ def test_checkpoint_moves_a_table_between_redis_and_memory(server, tmp_path):
     assert_same_rows(back, mem)
 
 
-@pytest.fixture(scope="module")
-def cluster():
-    c = RedisCluster(3)
-    try:
-        yield c
-    finally:
-        c.cleanup()
-
-
 def test_cluster_tables_follow_moved_and_match_memory(cluster):
     # Every node is given as the only address once: two of them answer MOVED for the slot.
     for node in cluster.nodes:
-        red = redis_table([node.address], dim=2, name=f"cl{next(_names)}",
+        red = redis_table([node.address], dim=2, name=fresh_name("cl"),
                           redis={"mode": "cluster", "storage_slice": 4})
         mem = Table(dim=2)
         keys = np.arange(500) * 31

@@ -48,6 +48,7 @@ OPTIMIZERS = {
     "sgd_clipnorm": lambda: keras.optimizers.SGD(0.05, clipnorm=0.1),
     "adam_clipvalue": lambda: keras.optimizers.Adam(0.01, clipvalue=0.01),
     "sgd_weight_decay": lambda: keras.optimizers.SGD(0.05, weight_decay=0.1),
+    "adagrad_weight_decay": lambda: keras.optimizers.Adagrad(0.1, weight_decay=0.1),
     "adam_weight_decay": lambda: keras.optimizers.Adam(0.01, weight_decay=0.1),
     "rmsprop_weight_decay": lambda: keras.optimizers.RMSprop(0.01, weight_decay=0.1),
     "adam_global_clipnorm": lambda: keras.optimizers.Adam(0.01, global_clipnorm=0.05),

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import dualemb.tf as de
 from dualemb.tf import ops
+from sum_loss_training import train_sum_loss
 
 _counter = [0]
 
@@ -23,17 +24,6 @@ def _var(shards=1, **kw):
 def _status(policy):
     keys, scores = policy.status.export()
     return dict(zip(keys.numpy().tolist(), scores.numpy().tolist()))
-
-
-def _train(var, batches, optimizer):
-    opt = de.DynamicEmbeddingOptimizer(optimizer)
-    for ids in batches:
-        with tf.GradientTape() as tape:
-            emb, trainable = de.embedding_lookup(var, tf.constant(ids, tf.int64), name="t",
-                                                 return_trainable=True)
-            loss = tf.reduce_sum(emb)
-        opt.apply_gradients(zip(tape.gradient(loss, [trainable]), [trainable]))
-    return opt
 
 
 def _batches(seed, n=12, high=30):
@@ -235,7 +225,7 @@ def test_restrict_with_and_without_status_matches_tfra(policy, shards):
 def test_optimizer_updates_status_and_restriction_keeps_slots(shards):
     v = _var(shards, restrict_policy=de.FrequencyRestrictPolicy)
     batches = _batches(4, n=8, high=20)
-    _train(v, batches, keras.optimizers.Adam(0.1))
+    train_sum_loss(v, batches, keras.optimizers.Adam(0.1))
     counts = _reference_counts(batches)
     assert _status(v.restrict_policy) == counts
     expected = _expected_kept(counts.get, list(counts), shards, 5)
@@ -270,7 +260,7 @@ def test_status_is_checkpointed_with_the_variable(tmp_path):
 def test_slots_show_only_keys_the_optimizer_updated():
     v = _var()
     v.upsert(tf.constant([1, 2, 3, 4, 5], tf.int64), tf.ones([5, 2]))
-    opt = _train(v, [[2, 4, 4]], keras.optimizers.Adam(0.1, beta_1=0.9, beta_2=0.999))
+    opt = train_sum_loss(v, [[2, 4, 4]], keras.optimizers.Adam(0.1, beta_1=0.9, beta_2=0.999))
     slots = {s.slot_name: s for s in v.get_slot_variables(opt)}
     assert sorted(slots) == ["momentum", "velocity"]
     # Reference: one Adam step from m = v = 0 with gradient g: m = 0.1 g, v = 0.001 g^2;
@@ -289,7 +279,7 @@ def test_slots_show_only_keys_the_optimizer_updated():
 
 def test_slot_lookup_of_untrained_key_is_the_initial_slot():
     v = _var()
-    _train(v, [[1]], keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.25))
+    train_sum_loss(v, [[1]], keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.25))
     slot = v.get_slot_variables()[0]
     v.upsert(tf.constant([7], tf.int64), tf.ones([1, 2]))
     np.testing.assert_allclose(slot.lookup([7, 99]).numpy(), np.full([2, 2], 0.25))
@@ -299,7 +289,7 @@ def test_slot_lookup_of_untrained_key_is_the_initial_slot():
 
 def test_get_slot_variables_of_another_optimizer_is_empty():
     v = _var()
-    opt = _train(v, [[1]], keras.optimizers.Adam(0.1))
+    opt = train_sum_loss(v, [[1]], keras.optimizers.Adam(0.1))
     assert [s.name for s in v.get_slot_variables(opt)] == [f"{v.name}/momentum",
                                                            f"{v.name}/velocity"]
     assert v.get_slot_variables(keras.optimizers.Adam(0.1)) == []

@@ -145,8 +145,10 @@ def test_save_weights_store_layout(tmp_path):
         f.visit(names.append)
         group = f["layers/embedding/vars"]
         assert sorted(group) == ["0", "dualemb.0.keys", "dualemb.0.last_update", "dualemb.0.meta",
-                                 "dualemb.0.slots", "dualemb.0.update_count", "dualemb.0.values"]
+                                 "dualemb.0.slots", "dualemb.0.stepped", "dualemb.0.update_count",
+                                 "dualemb.0.values"]
         n = len(table_contents(model.get_layer("user_emb").params))
+        assert group["dualemb.0.stepped"].shape == (n,)  # the rows the optimizer stepped
         assert group["dualemb.0.values"].shape == (n, 4)
         assert group["dualemb.0.slots"].shape == (n, 2, 4)
         meta = json.loads(bytes(group["dualemb.0.meta"][()]).decode())

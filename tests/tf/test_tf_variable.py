@@ -15,6 +15,7 @@ from dualemb.core import initializers as core_inits
 from dualemb.core import Table
 from dualemb.tf import initializers as de_inits
 from dualemb.tf import ops
+from sum_loss_training import train_sum_loss
 
 _counter = [0]
 
@@ -264,14 +265,7 @@ def test_get_variable_reuses_by_name():
 
 
 def _train(var, steps, lr=0.1):
-    opt = de.DynamicEmbeddingOptimizer(keras.optimizers.SGD(lr, momentum=0.5))
-    for keys in steps:
-        with tf.GradientTape() as tape:
-            emb, trainable = de.embedding_lookup(var, tf.constant(keys, tf.int64), name="t",
-                                                 return_trainable=True)
-            loss = tf.reduce_sum(emb)
-        opt.apply_gradients(zip(tape.gradient(loss, [trainable]), [trainable]))
-    return opt
+    return train_sum_loss(var, steps, keras.optimizers.SGD(lr, momentum=0.5))
 
 
 def test_timestamp_policy_keeps_most_recent_with_slots():

@@ -23,7 +23,10 @@ namespace {
 
 // A stored row: header {uint32 opt_gen, uint32 update count, int64 last update} then
 // dim * (1 + slots) floats, all little-endian (the host order of every supported machine).
+// Bit 31 of the opt_gen word is the row's "stepped" flag (de_export); generations stay far
+// below it. Rows stored before the flag existed read as not stepped.
 constexpr size_t kHeader = 16;
+constexpr uint32_t kSteppedBit = uint32_t(1) << 31;
 constexpr int kMaxConflicts = 64;   // concurrent writers winning before this one gives up
 constexpr int kMaxRedirects = 5;    // Cluster MOVED answers followed per call
 
@@ -97,6 +100,7 @@ struct RedisTable::Rows {
   std::vector<float> data;  // [keys, width]
   std::vector<int64_t> last_update;
   std::vector<uint32_t> count;
+  std::vector<uint8_t> stepped;
   int64_t new_clock = 0;
   bool clear_all = false;
   std::vector<std::pair<std::string, std::string>> meta_sets;  // extra meta fields to write
@@ -110,6 +114,7 @@ struct RedisTable::Rows {
       erased.push_back(0);
       last_update.push_back(0);
       count.push_back(0);
+      stepped.push_back(0);
       data.resize(data.size() + width);
     }
     return it.first->second;
@@ -341,7 +346,8 @@ namespace {
 // Copies a stored row into `out` (width floats); slots written by another optimizer (opt_gen)
 // start from the current optimizer's initial values.
 void decode_row(const redisReply* r, int64_t dim, int ns, uint32_t gen, const Optimizer* opt,
-                float* out, int64_t* last_update, uint32_t* count, const std::string& where) {
+                float* out, int64_t* last_update, uint32_t* count, const std::string& where,
+                uint8_t* stepped = nullptr) {
   const size_t len = r->len;
   const size_t row_bytes = sizeof(float) * dim;
   if (len < kHeader + row_bytes || (len - kHeader) % row_bytes != 0)
@@ -350,13 +356,17 @@ void decode_row(const redisReply* r, int64_t dim, int ns, uint32_t gen, const Op
   uint32_t g, cnt;
   int64_t lu;
   std::memcpy(&g, r->str, 4);
+  const bool was_stepped = (g & kSteppedBit) != 0;
+  g &= ~kSteppedBit;
   std::memcpy(&cnt, r->str + 4, 4);
   std::memcpy(&lu, r->str + 8, 8);
   const int64_t stored_cols = static_cast<int64_t>((len - kHeader) / row_bytes);
   std::memcpy(out, r->str + kHeader, row_bytes);
+  if (stepped) *stepped = 0;
   if (ns > 0) {
     if (g == gen && stored_cols == 1 + ns) {
       std::memcpy(out + dim, r->str + kHeader + row_bytes, row_bytes * ns);
+      if (stepped) *stepped = was_stepped ? 1 : 0;
     } else {
       for (int s = 0; s < ns; ++s)
         std::fill(out + dim * (1 + s), out + dim * (2 + s), opt->slot_initial_value(s));
@@ -367,9 +377,10 @@ void decode_row(const redisReply* r, int64_t dim, int ns, uint32_t gen, const Op
 }
 
 std::string encode_row(const float* row, int64_t width, uint32_t gen, uint32_t count,
-                       int64_t last_update) {
+                       int64_t last_update, bool stepped) {
   std::string v(kHeader + sizeof(float) * width, '\0');
-  std::memcpy(&v[0], &gen, 4);
+  const uint32_t word = stepped ? (gen | kSteppedBit) : gen;
+  std::memcpy(&v[0], &word, 4);
   std::memcpy(&v[4], &count, 4);
   std::memcpy(&v[8], &last_update, 8);
   std::memcpy(&v[kHeader], row, sizeof(float) * width);
@@ -436,7 +447,7 @@ bool RedisTable::spread_changes(const Rows& rows, std::vector<std::string>& befo
     } else {
       c.set.push_back(f);
       c.set.push_back(encode_row(rows.data.data() + j * rows.width, rows.width, meta_.opt_gen,
-                                 rows.count[j], rows.last_update[j]));
+                                 rows.count[j], rows.last_update[j], rows.stepped[j] != 0));
     }
     if (stored[j]) {
       c.old.push_back(f);
@@ -528,7 +539,8 @@ void RedisTable::write_batch(const int64_t* keys, int64_t n, bool read_rows, Com
             }
             decode_row(v, dim_, ns, meta_.opt_gen, optimizer_.get(), rows.row(j),
                        &rows.last_update[j], &rows.count[j],
-                       "redis key " + buckets_[(hash_key(ch.second[i]) >> 32) % buckets_.size()]);
+                       "redis key " + buckets_[(hash_key(ch.second[i]) >> 32) % buckets_.size()],
+                       &rows.stepped[j]);
           }
         }
         const int64_t stamp = meta_.clock + 1;
@@ -570,7 +582,7 @@ void RedisTable::write_batch(const int64_t* keys, int64_t n, bool read_rows, Com
             if (hset[b].empty()) hset[b] = {"HSET", buckets_[b]};
             hset[b].push_back(field_of(rows.keys[j]));
             hset[b].push_back(encode_row(rows.row(j), rows.width, meta_.opt_gen, rows.count[j],
-                                         rows.last_update[j]));
+                                         rows.last_update[j], rows.stepped[j] != 0));
             if (static_cast<int64_t>(hset[b].size() - 2) >= 2 * keys_sending_size_)
               flush(hset, b, 2);
           }
@@ -659,8 +671,12 @@ void RedisTable::set_optimizer(const std::string& spec) {
                                         : !meta_.opt_spec.empty() &&
                                               same_json(meta_.opt_spec, canonical);
     if (same) return;
-    // Rows keep their bytes; slots stamped with an older opt_gen read as initial slots.
     rows.meta_sets.push_back({"optimizer", canonical});
+    // Only the weight decay changed: the slots keep their meaning (same_optimizer_state).
+    if (!canonical.empty() && !meta_.opt_spec.empty() &&
+        same_optimizer_state(meta_.opt_spec, canonical))
+      return;
+    // Rows keep their bytes; slots stamped with an older opt_gen read as initial slots.
     rows.meta_sets.push_back({"opt_gen", std::to_string(meta_.opt_gen + 1)});
   });
 }
@@ -836,6 +852,7 @@ int64_t RedisTable::apply_gradients(const int64_t* keys, int64_t n, const float*
         rows.count[j] = 0;
       }
       optimizer_->apply(row, row + dim_, sum.data() + j * dim_, dim_, args);
+      rows.stepped[j] = 1;  // also for an all-zero gradient (Table::apply_gradients)
       rows.dirty[j] = 1;
       rows.last_update[j] = stamp;
       bump_count(rows.count[j]);
@@ -846,12 +863,19 @@ int64_t RedisTable::apply_gradients(const int64_t* keys, int64_t n, const float*
 
 int64_t RedisTable::import_rows(const int64_t* keys, int64_t n, const void* values_in,
                                 const void* slots_in, int slots_given, const int64_t* last_update,
-                                const int64_t* update_count) {
+                                const int64_t* update_count, const uint8_t* stepped) {
   const float* values = static_cast<const float*>(values_in);
   const float* slots = static_cast<const float*>(slots_in);
   write_batch(keys, n, true, [&](Rows& rows, int64_t stamp) {
     const int ns = num_slots_locked();
     check_slot_count(slots_given, ns);
+    // The stepped rule of Table::import_rows: without flags, given slots that differ from the
+    // initial slots mark a row stepped; a row given no slots keeps its mark.
+    std::vector<float> initial;
+    if (!stepped && slots && ns) {
+      initial.resize(dim_ * (1 + ns));
+      init_slots(initial.data(), dim_, optimizer_.get());
+    }
     for (int64_t i = 0; i < n; ++i) {
       const int64_t j = rows.index[keys[i]];
       float* row = rows.row(j);
@@ -863,6 +887,11 @@ int64_t RedisTable::import_rows(const int64_t* keys, int64_t n, const void* valu
       if (slots && ns) std::memcpy(row + dim_, slots + i * ns * dim_, sizeof(float) * ns * dim_);
       rows.last_update[j] = last_update ? last_update[i] : stamp;
       rows.count[j] = update_count ? imported_count(update_count[i]) : 0;
+      if (stepped)
+        rows.stepped[j] = stepped[i] != 0 && ns > 0;
+      else if (!initial.empty())
+        rows.stepped[j] = std::memcmp(row + dim_, initial.data() + dim_,
+                                      sizeof(float) * ns * dim_) != 0;
       rows.dirty[j] = 1;
     }
     if (last_update) rows.new_clock = clock_after_import(rows.new_clock, last_update, n);
@@ -888,7 +917,7 @@ std::vector<int64_t> RedisTable::bucket_keys(int b) const {
 
 int64_t RedisTable::export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values_out,
                                 void* slots_out, int slots_given, int64_t* last_update,
-                                int64_t* update_count) const {
+                                int64_t* update_count, uint8_t* stepped) const {
   float* values = static_cast<float*>(values_out);
   float* slots = static_cast<float*>(slots_out);
   std::lock_guard<std::mutex> lock(mu_);
@@ -962,14 +991,16 @@ int64_t RedisTable::export_rows(int64_t offset, int64_t limit, int64_t* keys, vo
                              "not change (was the table written without dualemb?)");
           int64_t lu;
           uint32_t cnt;
+          uint8_t was_stepped;
           decode_row(v, dim_, ns, meta_.opt_gen, optimizer_.get(), row.data(), &lu, &cnt,
-                     "redis key " + buckets_[page[spans[c].first].first]);
+                     "redis key " + buckets_[page[spans[c].first].first], &was_stepped);
           if (keys) keys[w] = ks[spans[c].second + i];
           if (values) std::memcpy(values + w * dim_, row.data(), sizeof(float) * dim_);
           if (slots && ns)
             std::memcpy(slots + w * ns * dim_, row.data() + dim_, sizeof(float) * ns * dim_);
           if (last_update) last_update[w] = lu;
           if (update_count) update_count[w] = cnt;
+          if (stepped) stepped[w] = was_stepped;
           ++w;
         }
       }

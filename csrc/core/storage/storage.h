@@ -61,10 +61,10 @@ class Storage {
   // mismatch with the table's throws.
   virtual int64_t export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values,
                               void* slots, int slots_given, int64_t* last_update,
-                              int64_t* update_count) const = 0;
+                              int64_t* update_count, uint8_t* stepped) const = 0;
   virtual int64_t import_rows(const int64_t* keys, int64_t n, const void* values,
                               const void* slots, int slots_given, const int64_t* last_update,
-                              const int64_t* update_count) = 0;
+                              const int64_t* update_count, const uint8_t* stepped) = 0;
   virtual void initial_values(const int64_t* keys, int64_t n, void* values) const = 0;
 
   // Change tracking (change_tracking.h: ChangeMark) for delta checkpoints. A backend without it

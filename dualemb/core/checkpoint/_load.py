@@ -13,7 +13,7 @@ import numpy as np
 from dualemb.core.checkpoint import _delta, _fs, _manifest
 from dualemb.core.checkpoint import _string_keys as _skeys
 from dualemb.core.checkpoint import _string_values as _svals
-from dualemb.core.checkpoint._manifest import (KEY_DTYPES, META_TENSORS, SLOT_PREFIX,
+from dualemb.core.checkpoint._manifest import (KEY_DTYPES, META_TENSORS, SLOT_PREFIX, STEPPED,
                                                VALUE_DTYPES, CheckpointError)
 from dualemb.core.checkpoint._result import Checkpoint
 from dualemb.core.routing import shard_of
@@ -179,10 +179,14 @@ def _open_and_check(job: _Job, root: str, e: dict) -> list:
     want = _expected_tensors(e)
     for j, s in enumerate(e["shards"]):
         label = f"table {job.name!r} shard {j}"
-        if set(s["tensors"]) != set(want):
+        shard_want = dict(want)
+        if e["slot_names"] and STEPPED in s["tensors"]:  # optional: older checkpoints lack it
+            shard_want[STEPPED] = ("U8", None)
+        if set(s["tensors"]) != set(shard_want):
             raise CheckpointError(f"{label}: tensors {sorted(s['tensors'])}, expected "
-                                  f"{sorted(want)}")
-        for tname, (code, dim) in want.items():
+                                  f"{sorted(want)}" + (f" (and {STEPPED!r})" if e["slot_names"]
+                                                       else ""))
+        for tname, (code, dim) in shard_want.items():
             t = s["tensors"][tname]
             if dim == "n+1":
                 shape = [s["rows"] + 1]
@@ -316,7 +320,7 @@ def _read_page(r: Reader, e: dict, row0: int, m: int) -> dict:
     page = {"keys": None if strings else np.empty(m, np.dtype(e["key_dtype"])),
             "values": np.empty((m, dim), vd),
             "last_update": np.empty(m, np.int64), "update_count": np.empty(m, np.int64),
-            "slots": None}
+            "slots": None, "stepped": None}
     string_values = _svals.is_string(e)
     for name in (("last_update", "update_count") + (() if string_values else ("values",))
                  + (() if strings else ("keys",))):
@@ -338,6 +342,9 @@ def _read_page(r: Reader, e: dict, row0: int, m: int) -> dict:
             r.read(SLOT_PREFIX + sname, row0, col)
             slots[:, k, :] = col
         page["slots"] = slots
+        if STEPPED in r.entry["tensors"]:
+            page["stepped"] = np.empty(m, np.uint8)
+            r.read(STEPPED, row0, page["stepped"])
     return page
 
 
@@ -371,25 +378,28 @@ def _import(job: _Job, partitioner, pool: ThreadPoolExecutor) -> None:
 
 def _import_page(job: _Job, partitioner, page: dict) -> None:
     keys, values, slots = page["keys"], page["values"], page["slots"]
-    last, count = page["last_update"], page["update_count"]
+    last, count, stepped = page["last_update"], page["update_count"], page["stepped"]
     if job.num_live == 1 and not isinstance(partitioner, Subset):
-        job.live[0].import_rows(keys, values, slots, last, count)
+        job.live[0].import_rows(keys, values, slots, last, count, stepped)
         return
     sid = _route(partitioner, keys, job.num_live, job.name)
     held = sid >= 0  # a Subset partitioner's -1: a row this process does not hold
     if not held.all():
         sid, keys, values, last, count = sid[held], keys[held], values[held], last[held], count[held]
         slots = None if slots is None else slots[held]
+        stepped = None if stepped is None else stepped[held]
     order = np.argsort(sid, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(sid, minlength=job.num_live))])
     keys, values, last, count = keys[order], values[order], last[order], count[order]
     if slots is not None:
         slots = slots[order]
+    if stepped is not None:
+        stepped = stepped[order]
     for k, t in enumerate(job.live):
         a, b = bounds[k], bounds[k + 1]
         if a < b:
             t.import_rows(keys[a:b], values[a:b], None if slots is None else slots[a:b],
-                          last[a:b], count[a:b])
+                          last[a:b], count[a:b], None if stepped is None else stepped[a:b])
 
 
 def _new_table(table_cls, job: _Job):

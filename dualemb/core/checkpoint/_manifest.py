@@ -33,6 +33,10 @@ KEY_DTYPES = {"int64": "I64", "int32": "I32", "string": None}
 VALUE_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "float64": "F64",
                 "int8": "I8", "int32": "I32", "int64": "I64", "string": None}
 META_TENSORS = ("last_update", "update_count")
+# U8 [n], 1 where an optimizer step has updated the row (what slot views list). Written for
+# tables with slots; optional on load: checkpoints written before it load with the core's
+# default (a row is stepped where its slots differ from the initial slots).
+STEPPED = "stepped"
 SLOT_PREFIX = "slot."
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from dualemb.core.checkpoint import _string_keys as _skeys
 from dualemb.core.checkpoint import _string_values as _svals
-from dualemb.core.checkpoint._manifest import FORMAT, SLOT_PREFIX, CheckpointError
+from dualemb.core.checkpoint._manifest import FORMAT, SLOT_PREFIX, STEPPED, CheckpointError
 from dualemb.core.checkpoint._safetensors import Writer, dtype_code, pwrite_all
 from dualemb.core.value_dtypes import NUMPY as VALUE_NUMPY
 
@@ -124,6 +124,8 @@ def write_shard(table, path: str, name: str, shard: int, info: dict, page_rows: 
     tensors = [("last_update", np.int64, (n,)), ("update_count", np.int64, (n,)),
                *key_tensors, *value_tensors]
     tensors += [(SLOT_PREFIX + s, value_dtype, (n, dim)) for s in slot_names]
+    if ns:
+        tensors.append((STEPPED, np.uint8, (n,)))
     writer = Writer(path, tensors, {"format": FORMAT, "table": name, "shard": str(shard)})
     row_bytes = value_dtype.itemsize * dim * (1 + ns) + 16 + key_dtype.itemsize
     rows_per_page = max(1, min(int(page_rows), PAGE_BYTES // row_bytes))
@@ -175,6 +177,8 @@ def write_shard(table, path: str, name: str, shard: int, info: dict, page_rows: 
                 except _skeys.CorruptKeys:
                     clock0 = None  # modified while saved: reported below
             inflight += [pool.submit(slot_task, j, done, page["slots"]) for j in range(ns)]
+            if ns:
+                inflight += put(STEPPED, done, page["stepped"].astype(np.uint8))
             done += m
             del page
         for f in inflight:

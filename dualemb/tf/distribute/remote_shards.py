@@ -50,7 +50,7 @@ def _scratch_copy(shard, key_dtype: tf.DType, dim: int, value_dtype: tf.DType) -
             page = {k: v.numpy() for k, v in page.items()}
         if len(page["keys"]):
             table.import_rows(page["keys"], page["values"], page["slots"],
-                              page["last_update"], page["update_count"])
+                              page["last_update"], page["update_count"], page["stepped"])
     except BaseException:
         table.destroy()
         raise
@@ -93,4 +93,5 @@ def write_back(var, tables, remote) -> None:
             ops.set_optimizer(shard.resource, "" if opt is None else to_spec(opt),
                               empty_detaches=False)
             ops.import_table(shard.resource, page["keys"], page["values"], page["slots"],
-                             page["last_update"], page["update_count"], clear=True)
+                             page["last_update"], page["update_count"], clear=True,
+                             stepped=page["stepped"])

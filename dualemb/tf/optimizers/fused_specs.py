@@ -6,9 +6,9 @@ The core implements each optimizer exactly as Keras 3 defines it, under Keras' o
 every update, so learning-rate schedules work.
 
 Weight decay (Keras' generic ``weight_decay`` of every optimizer: ``w -= w * weight_decay * lr``
-before the update): ``AdamW``, and ``Adam`` given a ``weight_decay`` (the same thing in Keras), run
-it inside the core's ``adamw``; for the other optimizers the TF front end applies it to the batch's
-rows before the fused step (see ``optimizer.py``).
+before the update) runs inside the core's fused step: ``AdamW``, and ``Adam`` given a
+``weight_decay`` (the same thing in Keras), as the core's ``adamw``; every other optimizer with
+``weight_decay`` in its keras-flavor spec (one core call per step, no extra read and write).
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ def weight_decay_of(optimizer) -> float:
     return 0.0 if wd is None else _number("weight_decay", wd)
 
 
-def fused_spec(optimizer, decay: bool) -> tuple[dict, bool]:
-    """(core spec dict, whether the front end must apply weight decay itself) for ``optimizer``
-    training one variable; ``decay`` says whether Keras would decay that variable."""
+def fused_spec(optimizer, decay: bool) -> dict:
+    """The core spec dict for ``optimizer`` training one variable; ``decay`` says whether Keras
+    would decay that variable."""
     _, name, hyper = family_of(optimizer)
     spec = {"name": name, "flavor": "keras"}
     for key in hyper:
@@ -81,7 +81,9 @@ def fused_spec(optimizer, decay: bool) -> tuple[dict, bool]:
     if name in ("adam", "adamw"):
         if wd > 0.0:
             return {"name": "adamw", "flavor": "keras", "weight_decay": wd,
-                    **{k: v for k, v in spec.items() if k not in ("name", "flavor")}}, False
+                    **{k: v for k, v in spec.items() if k not in ("name", "flavor")}}
         spec["name"] = "adam"
-        return spec, False
-    return spec, wd > 0.0
+        return spec
+    if wd > 0.0:  # decoupled, before the update, inside the core's step
+        spec["weight_decay"] = wd
+    return spec

@@ -359,11 +359,7 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
         params = group.params
         decay = (inner.weight_decay is not None
                  and keras_adapter.uses_weight_decay(inner, group.wrappers[0]))
-        spec, front_end_decay = optimizer_specs.fused_spec(inner, decay)
-        row_update.attach(params, spec, self)
-        if front_end_decay:
-            wd = tf.constant(optimizer_specs.weight_decay_of(inner), tf.float32)
-            row_update.decay_rows(params, group.keys, wd, learning_rate)
+        row_update.attach(params, optimizer_specs.fused_spec(inner, decay), self)
         row_update.fused_step(group, learning_rate, step)
 
 

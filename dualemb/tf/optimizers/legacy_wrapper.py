@@ -347,10 +347,10 @@ class _RoutesEmbeddings:
         for group in groups:
             group.finish()
             spec = api.spec(self)
-            row_update.attach(group.params, spec, self)
             decay = api.weight_decay(self, group.wrappers[0])
-            if decay:
-                row_update.decay_rows(group.params, group.keys, decay, learning_rate)
+            if decay:  # decoupled, before the update, inside the core's keras-flavor step
+                spec = {**spec, "weight_decay": decay}
+            row_update.attach(group.params, spec, self)
             row_update.fused_step(group, learning_rate, step)
 
 

@@ -45,16 +45,6 @@ def attach(params, spec: dict, owner) -> None:
     params.router.attach_optimizer(spec, owner)
 
 
-def decay_rows(params, keys, decay, learning_rate) -> None:
-    """Decoupled weight decay done by the front end: row -= row * decay * learning_rate for each
-    distinct key, in float32 arithmetic (a float16/bfloat16 row is widened, then rounded back)."""
-    unique, _ = tf.unique(keys)
-    rows, _ = params.router.find(unique)
-    rows = tf.cast(rows, tf.float32)
-    decayed = rows - rows * tf.cast(decay, tf.float32) * tf.cast(learning_rate, tf.float32)
-    params.router.write(ops.insert_or_assign, unique, tf.cast(decayed, params.value_dtype))
-
-
 def fused_step(group: Group, learning_rate, step) -> None:
     """The core's fused update of ``group``'s rows (duplicates summed, new keys inserted with
     their slots); then the restrict policy's bookkeeping, as TFRA's optimizer does every step."""

@@ -104,7 +104,8 @@ def _load_union(var, dirs: Sequence[str], replace: bool = True) -> int:
                     if m.any():
                         t.import_rows(k[m], page["values"][m],
                                       page["slots"][m] if t.num_slots else None,
-                                      page["last_update"][m], page["update_count"][m])
+                                      page["last_update"][m], page["update_count"][m],
+                                      page["stepped"][m] if t.num_slots else None)
         return sum(t.size() for t in shards)
     finally:
         for s in scratch:

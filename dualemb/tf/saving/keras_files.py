@@ -67,7 +67,7 @@ def _keras_vars(layer) -> list:
 def layer_save_own_variables(layer, store) -> None:
     """For a Keras layer's ``save_own_variables(store)``: writes the layer's Keras variables
     exactly as Keras does ("0", "1", ...) and, for each de.Variable the layer holds, the entries
-    ``dualemb.<j>.{keys,values,slots,last_update,update_count,meta}``."""
+    ``dualemb.<j>.{keys,values,slots,last_update,update_count,stepped,meta}``."""
     for i, v in enumerate(_keras_vars(layer)):
         store[f"{i}"] = v
     for j, var in enumerate(_saved_de_variables(layer)):
@@ -80,6 +80,8 @@ def layer_save_own_variables(layer, store) -> None:
                 store[f"{_STORE_PREFIX}{j}.{_KEY_BYTES}"] = data
                 continue
             store[f"{_STORE_PREFIX}{j}.{f}"] = value
+        store[f"{_STORE_PREFIX}{j}.{state.STEPPED}"] = tensors[state.STEPPED].numpy().astype(
+            np.uint8)
         meta = tensors[state.META].numpy()
         store[f"{_STORE_PREFIX}{j}.{state.META}"] = np.frombuffer(meta, np.uint8).copy()
 
@@ -115,6 +117,8 @@ def layer_load_own_variables(layer, store) -> None:
                  for f in state.FIELDS}
         except KeyError as e:
             raise CheckpointError(f"{where}: the saved state lacks {e}") from None
+        if prefix + state.STEPPED in keys:  # absent from files saved before it existed
+            t[state.STEPPED] = tf.constant(np.asarray(store[prefix + state.STEPPED]) != 0)
         t[state.META] = tf.constant(meta_bytes)
         state.eager_checks(facts, t, where)
         restored.append((var, t))

@@ -52,7 +52,8 @@ def serialize_variable(var) -> dict:
     if not getattr(var, "checkpoint", True):
         return {}
     if not tf.executing_eagerly() or tensor_callable is None:
-        return state.export_tensors(var)
+        tensors = state.export_tensors(var)
+        return {f: tensors[f] for f in state.FIELDS + (state.META,)}
 
     lazy = _LazyExport(var)
     with tf.device("/cpu:0"):

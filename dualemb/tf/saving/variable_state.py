@@ -39,6 +39,12 @@ FORMAT_VERSION = 2
 # number of shards (keys are re-routed with the variable's partitioner) and into a variable whose
 # optimizer is not attached yet.
 FIELDS = ("keys", "values", "slots", "last_update", "update_count")
+# The stepped marks (what slot views list): saved in Keras weights files and the common format,
+# where an entry may be optional. Not in TF object checkpoints: TF restores every name the object
+# serializes and fails on a checkpoint without it, so a new name would break every checkpoint
+# saved before; those restore with the core's default (a row is stepped where its slots differ
+# from the initial slots).
+STEPPED = "stepped"
 META = "meta"
 
 
@@ -49,7 +55,7 @@ def dtypes_of(var) -> dict:
     value_dtype = tf.as_dtype(var.value_dtype)
     keys = tf.string if tf_key_dtype(var) == tf.string else tf.int64
     return {"keys": keys, "values": value_dtype, "slots": value_dtype,
-            "last_update": tf.int64, "update_count": tf.int64, META: tf.string}
+            "last_update": tf.int64, "update_count": tf.int64, STEPPED: tf.bool, META: tf.string}
 
 
 # ---- facts about a Variable -----------------------------------------------------------------------
@@ -189,7 +195,7 @@ def export_tensors(var) -> dict:
         xs = [p[f] for p in parts]
         return xs[0] if len(xs) == 1 else tf.concat(xs, axis=0)
 
-    out = {f: cat(f) for f in FIELDS}
+    out = {f: cat(f) for f in FIELDS + (STEPPED,)}
     if out["keys"].dtype != tf.string:
         out["keys"] = tf.cast(out["keys"], tf.int64)
     out[META] = _meta_tensor(facts, description)
@@ -215,6 +221,9 @@ def eager_checks(facts: dict, restored: dict, where: str) -> None:
         shape = tuple(restored[f].shape)
         if shape != want and not (f != "values" and shape == (0,)):
             raise CheckpointError(f"{where}: tensor {f!r} has shape {shape}, expected {want}")
+    if restored.get(STEPPED) is not None and tuple(restored[STEPPED].shape) != (n,):
+        raise CheckpointError(f"{where}: tensor {STEPPED!r} has shape "
+                              f"{tuple(restored[STEPPED].shape)}, expected {(n,)}")
     s = tuple(restored["slots"].shape)
     if len(s) != 3 or s[0] != n or s[2] != dim:
         raise CheckpointError(f"{where}: tensor 'slots' has shape {s}, expected "
@@ -282,6 +291,8 @@ def import_tensors(var, facts: dict, restored: dict, deps: list):
         keys = tf.identity(restored["keys"]) if kd == tf.string else tf.cast(restored["keys"], kd)
     fields = {"keys": keys, "values": restored["values"], "slots": restored["slots"],
               "last_update": restored["last_update"], "update_count": restored["update_count"]}
+    if restored.get(STEPPED) is not None:
+        fields[STEPPED] = tf.cast(restored[STEPPED], tf.bool)
     n = len(facts["ids"])
     if replica_shards.held_elsewhere(var):
         per_shard = _own_replicas_share(var, fields, n)
@@ -303,7 +314,8 @@ def import_tensors(var, facts: dict, restored: dict, deps: list):
         for h, part_fields in zip(handles, per_shard):
             results.append(ops.import_table(
                 h, part_fields["keys"], part_fields["values"], part_fields["slots"],
-                part_fields["last_update"], part_fields["update_count"], clear=True))
+                part_fields["last_update"], part_fields["update_count"], clear=True,
+                stepped=part_fields.get(STEPPED)))
     if tf.executing_eagerly():
         _sync_optimizer_spec(var)
         return None

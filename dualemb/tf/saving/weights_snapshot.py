@@ -87,5 +87,6 @@ def restore(variable, snap) -> None:
         table.clear()
         table.import_rows(data["keys"], data["values"],
                           slots=data["slots"] if same_slots and table.num_slots else None,
-                          last_update=data["last_update"], update_count=data["update_count"])
+                          last_update=data["last_update"], update_count=data["update_count"],
+                          stepped=data["stepped"] if same_slots and table.num_slots else None)
         table.clock = data["clock"]
