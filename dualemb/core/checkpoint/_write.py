@@ -124,7 +124,11 @@ def write_shard(table, path: str, name: str, shard: int, info: dict, page_rows: 
     tensors = [("last_update", np.int64, (n,)), ("update_count", np.int64, (n,)),
                *key_tensors, *value_tensors]
     tensors += [(SLOT_PREFIX + s, value_dtype, (n, dim)) for s in slot_names]
-    if ns:
+    # The stepped marks (optional in the format): a delta's pages (source, export_changed) do not
+    # carry them yet, so a delta leaves the tensor out and its rows load by the default rule
+    # (stepped where the slots differ from the initial slots; docs/checkpoint_format.md).
+    with_stepped = bool(ns) and (source is None or getattr(source, "has_stepped", False))
+    if with_stepped:
         tensors.append((STEPPED, np.uint8, (n,)))
     writer = Writer(path, tensors, {"format": FORMAT, "table": name, "shard": str(shard)})
     row_bytes = value_dtype.itemsize * dim * (1 + ns) + 16 + key_dtype.itemsize
@@ -177,7 +181,7 @@ def write_shard(table, path: str, name: str, shard: int, info: dict, page_rows: 
                 except _skeys.CorruptKeys:
                     clock0 = None  # modified while saved: reported below
             inflight += [pool.submit(slot_task, j, done, page["slots"]) for j in range(ns)]
-            if ns:
+            if with_stepped:
                 inflight += put(STEPPED, done, page["stepped"].astype(np.uint8))
             done += m
             del page
