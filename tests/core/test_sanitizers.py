@@ -12,9 +12,13 @@ import pytest
 
 from _paths import ROOT
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("cmake") is None or shutil.which("g++") is None,
-    reason="needs cmake and g++ (installed by requirements-build.txt / the OS)")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("cmake") is None or shutil.which("g++") is None,
+                       reason="needs cmake and g++ (installed by requirements-build.txt / the OS)"),
+    # The build (in the first test's setup) compiles the core at -O0 with ASan: minutes on 2
+    # cores, and past the suite's 600 s default on a loaded machine.
+    pytest.mark.timeout(1800),
+]
 
 TARGETS = ("dualemb_core_tests", "dualemb_gpu_host_math_tests")
 
