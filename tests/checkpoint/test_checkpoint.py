@@ -13,6 +13,7 @@ import pytest
 from dualemb.core import Table, checkpoint
 from dualemb.core.checkpoint import CheckpointError
 from dualemb.core.checkpoint import _fs, _write
+from table_rows import assert_same, snapshot  # tests/ helper
 from _paths import ROOT
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
@@ -29,23 +30,6 @@ def optimizers_available():
 
 needs_optimizers = pytest.mark.skipif(not optimizers_available(),
                                       reason="the core's fused optimizers are not built")
-
-
-def snapshot(tables):
-    """Every row of a table (or list of shards), sorted by key, as a dict of arrays."""
-    if not isinstance(tables, (list, tuple)):
-        tables = [tables]
-    parts = [t.export() for t in tables]
-    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-    order = np.argsort(out["keys"], kind="stable")
-    return {k: v[order] for k, v in out.items()}
-
-
-def assert_same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k].dtype == b[k].dtype, k
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
 def filled(n, dim=4, key_dtype="int64", seed=0, optimizer=None, keys=None, **kw):

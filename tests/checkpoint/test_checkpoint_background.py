@@ -17,21 +17,10 @@ import pytest
 from dualemb.core import Table, checkpoint
 from dualemb.core.checkpoint import _background, _write
 from dualemb.core.checkpoint._manifest import CheckpointError
+from table_rows import assert_same, snapshot  # tests/ helper
 
 DIM = 8
 KEYS = 2000
-
-
-def sorted_export(t):
-    e = t.export()
-    order = np.argsort(e["keys"], kind="stable")
-    return {k: v[order] for k, v in e.items()}
-
-
-def assert_same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
 def train(t, steps, first=1, seed=0):
@@ -83,7 +72,7 @@ def test_background_save_holds_the_state_of_the_call(tmp_path, gated_pages):
     gate, started = gated_pages
     t = adam_table()
     train(t, 5)
-    at_k = sorted_export(t)
+    at_k = snapshot(t)
     clock_k = t.clock
     dense = {"w": np.arange(6, dtype=np.float32)}
     gate.set()  # the reference: a blocking save of the same state
@@ -102,7 +91,7 @@ def test_background_save_holds_the_state_of_the_call(tmp_path, gated_pages):
     assert h.done() and h.exception() is None and not h.cancelled()
     ck = checkpoint.load(str(tmp_path / "bg"))
     assert ck.steps == {"t": 5}
-    assert_same(sorted_export(ck.tables["t"]), at_k)
+    assert_same(snapshot(ck.tables["t"]), at_k)
     np.testing.assert_array_equal(checkpoint.load_dense(str(tmp_path / "bg"))["w"],
                                   np.arange(6, dtype=np.float32))
     # file for file what the blocking save wrote (the manifest differs only in its time)
@@ -112,7 +101,7 @@ def test_background_save_holds_the_state_of_the_call(tmp_path, gated_pages):
     for f in ref_files:
         assert (tmp_path / "ref" / f).read_bytes() == (tmp_path / "bg" / f).read_bytes(), f
     # the live table went on to step 15
-    assert not np.array_equal(sorted_export(t)["values"], at_k["values"])
+    assert not np.array_equal(snapshot(t)["values"], at_k["values"])
 
 
 def test_second_save_waits_for_the_first(tmp_path, gated_pages):
@@ -134,7 +123,7 @@ def test_second_save_waits_for_the_first(tmp_path, gated_pages):
     th = threading.Thread(target=save_again)
     th.start()
     assert trained.wait(30)
-    after_3 = sorted_export(t)
+    after_3 = snapshot(t)
     th.join(0.3)
     assert th.is_alive() and not h1.done()  # still waiting for the first save
     gate.set()
@@ -143,7 +132,7 @@ def test_second_save_waits_for_the_first(tmp_path, gated_pages):
     h1.wait(30)
     second["handle"].wait(30)
     assert checkpoint.read_manifest(str(tmp_path / "a"))["tables"][0]["step"] == 2
-    assert_same(sorted_export(checkpoint.load(str(tmp_path / "b")).tables["t"]), after_3)
+    assert_same(snapshot(checkpoint.load(str(tmp_path / "b")).tables["t"]), after_3)
     # a blocking save also waits for a running background save (then writes)
     checkpoint.save(str(tmp_path / "c"), {"t": t}, steps=3)
     assert complete_dirs(tmp_path) == ["a", "b", "c"]
@@ -168,7 +157,7 @@ def test_writer_error_comes_out_of_wait_and_leaves_the_previous_checkpoint(tmp_p
     train(t, 3)
     path = str(tmp_path / "ck")
     checkpoint.save(path, {"t": t}, steps=3)
-    before = sorted_export(checkpoint.load(path).tables["t"])
+    before = snapshot(checkpoint.load(path).tables["t"])
     train(t, 2, first=4)
     failing_pages(monkeypatch)
     h = checkpoint.save(path, {"t": t}, steps=5, page_rows=100, blocking=False)
@@ -177,7 +166,7 @@ def test_writer_error_comes_out_of_wait_and_leaves_the_previous_checkpoint(tmp_p
     assert isinstance(h.exception(), OSError)
     assert os.listdir(tmp_path) == ["ck"]  # no staging directory left
     assert checkpoint.read_manifest(path)["tables"][0]["step"] == 3
-    assert_same(sorted_export(checkpoint.load(path).tables["t"]), before)
+    assert_same(snapshot(checkpoint.load(path).tables["t"]), before)
     monkeypatch.undo()
     checkpoint.save(path, {"t": t}, steps=5)  # observed: the next save runs
 
@@ -239,7 +228,7 @@ def test_cancel_stops_before_the_commit(tmp_path, gated_pages):
     path = str(tmp_path / "ck")
     gate.set()
     checkpoint.save(path, {"t": t}, steps=2)
-    before = sorted_export(checkpoint.load(path).tables["t"])
+    before = snapshot(checkpoint.load(path).tables["t"])
     gate.clear()
     started.clear()
     train(t, 1, first=3)
@@ -252,7 +241,7 @@ def test_cancel_stops_before_the_commit(tmp_path, gated_pages):
     with pytest.raises(checkpoint.SaveCancelled, match="cancelled"):
         h.wait(30)
     assert os.listdir(tmp_path) == ["ck"]
-    assert_same(sorted_export(checkpoint.load(path).tables["t"]), before)
+    assert_same(snapshot(checkpoint.load(path).tables["t"]), before)
     # a cancelled save is not a failure the next save reports
     h2 = checkpoint.save(path, {"t": t}, steps=3, blocking=False)
     h2.wait(30)
@@ -368,11 +357,11 @@ def test_sigkill_during_background_save_keeps_the_last_checkpoint(tmp_path):
     assert any(n.startswith(".model.tmp-") for n in os.listdir(parent))  # it was mid-save
     ck = checkpoint.load(path)
     assert ck.metadata == {"tag": "good"} and ck.steps == {"t": 1}
-    e = sorted_export(ck.tables["t"])
+    e = snapshot(ck.tables["t"])
     np.testing.assert_array_equal(e["keys"], np.arange(50_000))
     # adagrad from zeros, one step of gradient 1: every row is exactly what a fresh table gets
     ref = Table(dim=16, optimizer="adagrad")
     ref.apply_gradients(np.arange(50_000), np.ones((50_000, 16), np.float32), 0.1, 1)
-    assert_same(e, sorted_export(ref))
+    assert_same(e, snapshot(ref))
     checkpoint.save(path, {"t": Table(dim=16)})  # the next save removes the dead one's files
     assert os.listdir(parent) == ["model"]

@@ -11,23 +11,12 @@ import pytest
 
 from dualemb.core import Table, checkpoint
 from dualemb.core.checkpoint import CheckpointError
+from table_rows import assert_same, snapshot  # tests/ helper
 import _paths
 
 safetensors_numpy = pytest.importorskip("safetensors.numpy")
 
 FIXTURES = str(_paths.FIXTURES / "legacy_v1")
-
-
-def snapshot(t):
-    e = t.export()
-    order = np.argsort(e["keys"], kind="stable")
-    return {k: v[order] for k, v in e.items()}
-
-
-def assert_same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
 # ---- the manifest checksum --------------------------------------------------------------------

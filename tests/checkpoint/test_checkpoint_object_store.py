@@ -13,6 +13,7 @@ import pytest
 
 from dualemb.core import Table, checkpoint
 from dualemb.core.checkpoint import _object_store, _write
+from table_rows import assert_same, snapshot  # tests/ helper
 
 import _object_store_servers as servers
 
@@ -71,20 +72,6 @@ def store(request):
 
 
 # ---- helpers -------------------------------------------------------------------------------------
-def snapshot(tables):
-    """Every row of a table (or list of shards), sorted by key."""
-    tables = tables if isinstance(tables, (list, tuple)) else [tables]
-    parts = [t.export() for t in tables]
-    out = {k: np.concatenate([p[k] for p in parts]) for k in parts[0] if parts[0][k] is not None}
-    order = np.argsort(out["keys"], kind="stable")
-    return {k: v[order] for k, v in out.items()}
-
-
-def assert_same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert a[k].dtype == b[k].dtype, k
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
 def make_tables(seed=0):

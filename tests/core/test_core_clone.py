@@ -8,20 +8,9 @@ import numpy as np
 import pytest
 
 from dualemb.core import Table
+from table_rows import assert_same, snapshot  # tests/ helper
 
 DIM = 8
-
-
-def sorted_export(t):
-    e = t.export()
-    order = np.argsort(e["keys"], kind="stable")
-    return {k: v[order] for k, v in e.items()}
-
-
-def assert_same(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
 def trained_table(**kwargs):
@@ -37,17 +26,17 @@ def trained_table(**kwargs):
 def test_clone_copies_everything_and_is_independent():
     t = trained_table(capacity=2000, evict_policy="frequency")
     t.erase(np.arange(0, 300))
-    before = sorted_export(t)
+    before = snapshot(t)
     c = t.clone()
     try:
         assert c.id != t.id
         assert c.describe() == t.describe() and c.slot_names == t.slot_names == ["momentum", "velocity"]
         assert c.clock == t.clock and c.size() == t.size()
-        assert_same(sorted_export(c), before)
+        assert_same(snapshot(c), before)
         # independent: writes to either leave the other as it was
         t.insert_or_assign([5, 6], np.ones((2, DIM), np.float32))
         c.erase(before["keys"][:10])
-        assert_same(sorted_export(t.clone()), sorted_export(t))
+        assert_same(snapshot(t.clone()), snapshot(t))
         assert c.size() == len(before["keys"]) - 10
         assert t.find(before["keys"][:10])[1].all()
         # the optimizer state (slots, counts, clock) came along: the same steps on the copy and
@@ -58,7 +47,7 @@ def test_clone_copies_everything_and_is_independent():
         g = rng.standard_normal((400, DIM)).astype(np.float32)
         t.apply_gradients(keys, g, 0.01, 6)
         c2.apply_gradients(keys, g, 0.01, 6)
-        assert_same(sorted_export(c2), sorted_export(t))
+        assert_same(snapshot(c2), snapshot(t))
         assert c2.clock == t.clock
         c2.destroy()
         # the capacity (2000, by frequency) is the copy's too
@@ -124,13 +113,13 @@ def test_clone_under_concurrent_training_is_one_consistent_state():
     th.join()
     try:
         for c in copies:
-            e = sorted_export(c)
+            e = snapshot(c)
             steps_done = 0 if e["keys"].size == 0 else int(round(-float(
                 c.find([0])[0][0, 0])))
             ref = Table(DIM, optimizer="sgd")
             for step, (k, g) in enumerate(batches[:steps_done], 1):
                 ref.apply_gradients(k, g, 1.0, step)
-            r = sorted_export(ref)
+            r = snapshot(ref)
             np.testing.assert_array_equal(e["keys"], r["keys"])
             np.testing.assert_array_equal(e["values"], r["values"])
     finally:
