@@ -137,16 +137,6 @@ def _check_target(url: str) -> None:
                               "saved to only at an empty prefix)")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _idle_seconds(url: str) -> float:
     """Seconds since anything under ``url`` changed (0 when the store gives no times: then it is
     never judged idle)."""
@@ -162,7 +152,7 @@ def _is_stale(url: str, name: str) -> bool:
     if host == _objects.host() and pid == os.getpid():
         with _live_lock:
             return name not in _live
-    if host == _objects.host() and not _pid_alive(pid):
+    if host == _objects.host() and not _objects.pid_alive(pid):
         return True
     return _idle_seconds(_objects.join(url, name)) > STALE_S
 
@@ -185,7 +175,7 @@ def remove_dead_spools() -> None:
     with contextlib.suppress(OSError):
         for name in os.listdir(tmp):
             pid = name[len(SPOOL_PREFIX):].split("-", 1)[0]
-            if name.startswith(SPOOL_PREFIX) and pid.isdigit() and not _pid_alive(int(pid)):
+            if name.startswith(SPOOL_PREFIX) and pid.isdigit() and not _objects.pid_alive(int(pid)):
                 shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
 
 

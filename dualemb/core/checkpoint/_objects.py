@@ -22,6 +22,18 @@ _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 INSTALL_HINT = "pip install 'dualemb[object-store]'"
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` of this host still runs (one we may not signal counts as running):
+    how the next save tells a dead save's leftovers from a live one's."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def host() -> str:
     """This machine's name as it appears in staging names (alphanumerics and ``_`` only)."""
     return "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:32] or "host"

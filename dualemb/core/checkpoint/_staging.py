@@ -244,16 +244,6 @@ def _probe(lock_path: str):
         os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _idle_seconds(directory: str) -> float:
     """Seconds since anything in the (flat) directory last changed."""
     newest = os.stat(directory).st_mtime
@@ -283,7 +273,7 @@ def _is_stale(directory: str, owner: str, lock_state) -> bool:
     if here and lock_state is True:
         return True
     if here and lock_state is None:
-        return not _pid_alive(pid)
+        return not _objects.pid_alive(pid)
     return _idle_seconds(directory) > FOREIGN_STALE_S
 
 
