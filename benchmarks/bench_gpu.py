@@ -89,7 +89,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--quick", action="store_true",
                     help="16M slots and 3 repeats (tools/gpu/check.sh's time budget)")
+    ap.add_argument("--loads", default="0.5,0.75,1.0", help="load factors, comma-separated")
+    ap.add_argument("--dims", default="8,32,64,128", help="dims, comma-separated")
     args = ap.parse_args()
+    loads = [float(x) for x in args.loads.split(",")]
+    dims = [int(x) for x in args.dims.split(",")]
     max_slots = (16 if args.quick else 64) * BATCH
     repeats = 3 if args.quick else args.repeats
     ok, why = _cuda.available()
@@ -101,8 +105,8 @@ def main() -> int:
     _cuda._check(lib.dec_copy_bandwidth(1 << 30, 20, ctypes.byref(bw)))
     results = {"device": why, "copy_bandwidth_bytes_per_s": bw.value, "batch": BATCH,
                "results": []}
-    for load in (0.5, 0.75, 1.0):
-        for dim in (8, 32, 64, 128):
+    for load in loads:
+        for dim in dims:
             if load >= 1.0:
                 # Open addressing ends a miss's probe at a bucket with a free slot: a completely
                 # full table would scan every bucket per absent key (HierarchicalKV instead evicts
@@ -111,6 +115,7 @@ def main() -> int:
                                            "skipped": "a full table is not supported yet"})
                 continue
             results["results"] += run(load, dim, bw.value, repeats, max_slots)
+            print(json.dumps(results["results"][-4:]), file=sys.stderr, flush=True)
     text = json.dumps(results, indent=1)
     print(text)
     if args.out:

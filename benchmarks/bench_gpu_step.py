@@ -102,7 +102,7 @@ def _dense_step(tx):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="3 rounds of 5 steps")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 3 steps")
     ap.add_argument("--out", default=None)
     ap.add_argument("--variants", default="gpu_tables,host_tables,dense_hashed")
     ap.add_argument("--smoke", action="store_true",
@@ -112,7 +112,7 @@ def main() -> int:
     global BATCH, VOCAB
     if args.smoke:
         BATCH, VOCAB = 512, 4096
-    rounds, steps = (3, 5) if args.quick else (5, 20)
+    rounds, steps = (2, 3) if args.quick else (5, 20)
     variants = args.variants.split(",")
     result = {"backend": jax.default_backend(), "devices": [str(d) for d in jax.devices()],
               "features": FEATURES, "dim": DIM, "batch": BATCH, "vocab_dense": VOCAB,
@@ -157,15 +157,23 @@ def main() -> int:
         state[v] = s
 
     times = {v: [] for v in variants}
+    t_start = time.perf_counter()
+
+    def progress(what):  # where the time goes, as it goes (a GPU run has a hard time limit)
+        print(f"[{time.perf_counter() - t_start:7.1f}s] {what}", file=sys.stderr, flush=True)
+
+    progress("set up: " + ", ".join(variants))
     for v in variants:
         t0 = time.perf_counter()
         run(v, 2, 0)  # compile and warm
         result[f"{v}_first_two_steps_s"] = time.perf_counter() - t0
+        progress(f"{v}: first two steps (compile) {time.perf_counter() - t0:.2f}s")
     for r in range(rounds):
         for v in variants:
             t0 = time.perf_counter()
             run(v, steps, r)
             times[v].append((time.perf_counter() - t0) / steps)
+            progress(f"{v}: round {r}: {times[v][-1] * 1e3:.1f} ms/step")
     rows = {}
     for v in variants:
         med = statistics.median(times[v])

@@ -7,6 +7,7 @@
 //   3. only then the kernels that write: claim slots for missing keys, fill rows and metadata.
 #include "gpu_table.h"
 
+#include <cooperative_groups.h>
 #include <thrust/iterator/counting_iterator.h>
 #include <cub/cub.cuh>
 
@@ -24,6 +25,8 @@
 namespace dualemb {
 namespace gpu {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 
@@ -74,11 +77,66 @@ __global__ void head_flags_kernel(const int64_t* sorted, int64_t n, uint8_t* fla
     flags[q] = starts_segment(sorted, q) ? 1 : 0;
 }
 
+// One key per tile of kBucketSlots threads: lane l reads slot l of each bucket on the probe
+// sequence, so a bucket's keys and states are one coalesced read (a thread per key reads 16
+// scattered slots on its own). Visits the buckets probe_find (bucket_math.h) visits and returns
+// the same slot: a key is in at most one full slot. Every lane returns the slot.
+using Tile = cg::thread_block_tile<kBucketSlots>;
+
+__device__ inline int64_t probe_find_tile(const Tile& tile, const int64_t* keys, const int32_t* occ,
+                                          uint64_t buckets, int64_t key) {
+  const unsigned lane = tile.thread_rank();
+  uint64_t b = home_bucket(key, buckets);
+  for (uint64_t visited = 0; visited < buckets; ++visited) {
+    const int64_t s = static_cast<int64_t>(b) * kBucketSlots + lane;
+    const int32_t st = occ[s];
+    const unsigned hit = tile.ballot(st == kFull && keys[s] == key);
+    if (hit) return static_cast<int64_t>(b) * kBucketSlots + (__ffs(hit) - 1);
+    if (tile.any(st == kEmpty)) return -1;
+    b = (b + 1) & (buckets - 1);
+  }
+  return -1;
+}
+
+constexpr int kTilesPerBlock = kThreads / kBucketSlots;
+
+int tile_blocks_for(int64_t n) {
+  const int64_t b = (n + kTilesPerBlock - 1) / kTilesPerBlock;
+  return static_cast<int>(b < 1 ? 1 : (b > 65535 * 32 ? 65535 * 32 : b));
+}
+
+// The tiles of the grid, each over keys i = its index, + the tile count, ... (uniform per tile).
+#define FOR_EACH_TILE_KEY(tile, i, n)                                                        \
+  const Tile tile = cg::tiled_partition<kBucketSlots>(cg::this_thread_block());              \
+  for (int64_t i = blockIdx.x * int64_t(kTilesPerBlock) + threadIdx.x / kBucketSlots; i < (n); \
+       i += int64_t(gridDim.x) * kTilesPerBlock)
+
 __global__ void locate_kernel(const int64_t* keys, const int32_t* occ, uint64_t buckets,
                               const int64_t* query, int64_t n, int64_t* slot) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
-       i += int64_t(gridDim.x) * blockDim.x)
-    slot[i] = probe_find(keys, occ, buckets, query[i]);
+  FOR_EACH_TILE_KEY(tile, i, n) {
+    const int64_t s = probe_find_tile(tile, keys, occ, buckets, query[i]);
+    if (tile.thread_rank() == 0) slot[i] = s;
+  }
+}
+
+// find in one pass: the tile probes, then copies the row or writes the key's initial row
+// (values[i]; exists[i] = found), with no slot array between a locate and a gather kernel.
+__global__ void find_kernel(const int64_t* keys, const int32_t* occ, uint64_t buckets,
+                            const float* rows, int64_t width, int64_t dim, const int64_t* query,
+                            int64_t n, kernels::InitKernel init, float* values, uint8_t* exists) {
+  FOR_EACH_TILE_KEY(tile, i, n) {
+    const int64_t key = query[i];
+    const int64_t s = probe_find_tile(tile, keys, occ, buckets, key);
+    float* out = values + i * dim;
+    if (s >= 0) {
+      const float* row = rows + s * width;
+      for (int64_t j = tile.thread_rank(); j < dim; j += kBucketSlots) out[j] = row[j];
+    } else {
+      for (int64_t j = tile.thread_rank(); j < dim; j += kBucketSlots)
+        out[j] = kernels::initial_value(init, static_cast<uint64_t>(key), j);
+    }
+    if (exists && tile.thread_rank() == 0) exists[i] = s >= 0 ? 1 : 0;
+  }
 }
 
 // Distinct key u of the sorted batch: sorted[heads[u]].
@@ -140,21 +198,6 @@ __global__ void insert_kernel(int64_t* keys, int32_t* occ, float* rows, int64_t*
     __threadfence();
     occ[got] = kFull;
     slot[u] = got;
-  }
-}
-
-// values[i] = the row of slot[i], or key i's initial row; exists[i] = slot[i] >= 0.
-__global__ void gather_kernel(const float* rows, int64_t width, int64_t dim, const int64_t* slot,
-                              const int64_t* query, int64_t n, kernels::InitKernel init,
-                              float* values, uint8_t* exists) {
-  const int64_t total = n * dim;
-  for (int64_t e = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; e < total;
-       e += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t i = e / dim, j = e % dim;
-    const int64_t s = slot[i];
-    values[e] = s >= 0 ? rows[s * width + j]
-                       : kernels::initial_value(init, static_cast<uint64_t>(query[i]), j);
-    if (exists && j == 0) exists[i] = s >= 0 ? 1 : 0;
   }
 }
 
@@ -665,7 +708,7 @@ void GpuTable::reserve(int64_t rows, cudaStream_t stream) {
 
 void GpuTable::locate(const int64_t* keys, int64_t n, int64_t* slots, cudaStream_t stream) const {
   if (n == 0) return;
-  locate_kernel<<<blocks_for(n), kThreads, 0, stream>>>(arrays_->keys, arrays_->occ,
+  locate_kernel<<<tile_blocks_for(n), kThreads, 0, stream>>>(arrays_->keys, arrays_->occ,
                                                         arrays_->buckets, keys, n, slots);
   check(cudaGetLastError(), "locate");
 }
@@ -747,10 +790,9 @@ int64_t GpuTable::insert_distinct(const int64_t* ukeys, int64_t u_count, int64_t
 void GpuTable::find(const int64_t* keys, int64_t n, float* values, uint8_t* exists,
                     cudaStream_t stream) {
   if (n == 0) return;
-  Buffer<int64_t> slot(n, stream, "find slots");
-  locate(keys, n, slot.get(), stream);
-  gather_kernel<<<blocks_for(n * dim_), kThreads, 0, stream>>>(
-      arrays_->rows, width(), dim_, slot.get(), keys, n, init_kernel_, values, exists);
+  find_kernel<<<tile_blocks_for(n), kThreads, 0, stream>>>(
+      arrays_->keys, arrays_->occ, arrays_->buckets, arrays_->rows, width(), dim_, keys, n,
+      init_kernel_, values, exists);
   check(cudaGetLastError(), "find");
 }
 

@@ -168,6 +168,11 @@ class GpuTable:
     float32 int64-key table into it. Writes return the number of rows a capacity evicted.
     """
 
+    # The GPU table keeps no stepped mark (issue 24's RowMeta bit): its exports have no
+    # "stepped" column, so a checkpoint of it leaves the optional tensor out and its rows load by
+    # the format's default rule (stepped where the slots differ from the initial slots).
+    has_stepped = False
+
     def __init__(self, dim: int, initializer=None, optimizer=None, *, capacity: int = 0,
                  evict_policy: str = "recency", key_dtype="int64", value_dtype="float32",
                  name=None, capacity_hint: int | None = None, max_load: float | None = None,

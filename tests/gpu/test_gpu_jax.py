@@ -110,7 +110,9 @@ def test_find_and_find_or_insert_under_jit_and_vmap():
 
 def test_reads_see_the_writes_they_were_given():
     # The version token orders the calls: a lookup given the table a write returned reads
-    # after it, inside one jitted function.
+    # after it, inside one jitted function; a write that does not depend on an earlier read
+    # runs after it only through dej.after (XLA's GPU scheduler did run it first: H200,
+    # 2026-11-28; tests/jax/test_jax_ordering.py).
     opt = dej.optimizers.sgd(1.0)
     table = dej.create(DIM, optimizer=opt, placement="gpu")
     try:
@@ -119,7 +121,7 @@ def test_reads_see_the_writes_they_were_given():
         @jax.jit
         def f(t):
             before = dej.lookup(t, ids)
-            t = dej.apply_gradients(t, ids, jnp.ones((3, DIM), jnp.float32))
+            t = dej.apply_gradients(dej.after(t, before), ids, jnp.ones((3, DIM), jnp.float32))
             after = dej.lookup(t, ids)
             return t, before, after
 

@@ -36,6 +36,11 @@ budget=${BUDGET_S:-480}
 step() {  # step NAME LIMIT_S CMD...: runs CMD under a time limit, appends to the log
   local name=$1 limit=$2
   shift 2
+  case " ${SKIP_STEPS:-} " in *" $name "*)  # SKIP_STEPS="a b": steps a rerun does not need
+    echo "== $name: skipped (SKIP_STEPS)" | tee -a "$log"
+    echo "{\"step\": \"$name\", \"rc\": null, \"seconds\": 0, \"skipped\": \"SKIP_STEPS\"}" >>"$steps"
+    return;;
+  esac
   local left=$((budget - SECONDS))
   [ $left -lt $limit ] && limit=$left
   if [ $limit -lt 5 ]; then
@@ -76,12 +81,12 @@ step host_math 20 "$build/dualemb/dualemb_gpu_host_math_tests"
 step gpu_tests 180 "$py" -m pytest -v -rs --tb=short --durations=10 --junitxml="$out/gpu_tests.xml" \
   -p no:cacheprovider --timeout=90 -o timeout_method=thread tests/gpu
 step bench_step 100 "$py" benchmarks/bench_gpu_step.py --quick --out "$out/bench_gpu_step.json"
-step bench 120 "$py" benchmarks/bench_gpu.py --quick --out "$out/bench_gpu.json"
+step bench 120 "$py" benchmarks/bench_gpu.py --quick --out "$out/bench_gpu.json" ${BENCH_ARGS:-}
 step op_lists 30 "$py" -m pytest -q -rs -p no:cacheprovider tests/repo/test_op_lists.py \
   -k "jax or cuda"
 # What is left of the budget: the JAX tests on the GPU backend (host tables there go through the
 # host callbacks), as far as they get.
-step jax_tests_gpu_backend 120 "$py" -m pytest -q --maxfail=20 -rs --tb=short -p no:cacheprovider \
+step jax_tests_gpu_backend 120 "$py" -m pytest -v --maxfail=8 -rs --tb=line -p no:cacheprovider \
   --timeout=60 tests/jax
 
 "$py" - "$out" "$status" <<'PY' | tee -a "$log"
