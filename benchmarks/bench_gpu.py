@@ -4,8 +4,9 @@ For load factors 0.5 / 0.75 / 1.0 and dims 8 / 32 / 64 / 128: a table filled to 
 (max_load 1.0, capacity fixed by capacity_hint), then 1M keys per call (half present, half
 absent for find / find_or_insert) through find, find_or_insert, insert_or_assign and
 apply_gradients (Adam) on device buffers. Reported in keys/s and as a share of the bound set by the
-device-to-device copy bandwidth measured in the same run: bytes each op must move per key
-(key + row read/written, slots for Adam) / copy bandwidth. Not yet run on a GPU.
+device-to-device copy bandwidth measured in the same run (bytes read plus bytes written per
+second): bytes each op must move per key, read and written (see ``ops`` below) / copy bandwidth.
+Run on an H200 on 2026-11-28 (docs/bench/gpu_2026-11-28_h200.json).
 """
 
 from __future__ import annotations
@@ -60,10 +61,16 @@ def run(load: float, dim: int, bandwidth: float, repeats: int, max_slots: int) -
     d_exists = _dev(lib, np.zeros(BATCH, np.uint8))
     ev = ctypes.c_int64()
     row, slots = 4 * dim, 2 * 4 * dim
+    # Bytes each op must move per key, read and written (as the copy bandwidth counts them):
+    # find and find_or_insert read the key and the row and write the row and the exists flag
+    # (the timed calls of find_or_insert find every key: the untimed first call inserted the
+    # absent half); insert_or_assign reads the key and the new row and writes the row; Adam
+    # reads the key and the gradient and reads and writes the row and its two slots.
     ops = {
-        "find": (lambda: lib.dec_find(t._h, d_keys, BATCH, d_vals, d_exists, None), 8 + row),
+        "find": (lambda: lib.dec_find(t._h, d_keys, BATCH, d_vals, d_exists, None),
+                 8 + 2 * row + 1),
         "find_or_insert": (lambda: lib.dec_find_or_insert(t._h, d_keys, BATCH, d_vals, d_exists,
-                                                          None, ctypes.byref(ev)), 8 + 2 * row),
+                                                          None, ctypes.byref(ev)), 8 + 2 * row + 1),
         "insert_or_assign": (lambda: lib.dec_insert_or_assign(t._h, d_keys, BATCH, d_vals, None,
                                                               ctypes.byref(ev)), 8 + 2 * row),
         "apply_gradients_adam": (lambda: lib.dec_apply_gradients(

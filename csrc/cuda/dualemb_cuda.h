@@ -5,7 +5,7 @@
 // and no CUDA driver. Every call returns 0, or -1 with dec_last_error() naming the problem (out
 // of GPU memory, no CUDA device, bad config, ...). `dec_*` take device pointers and a
 // cudaStream_t (as void*); `dec_*_host` take host arrays and stage them (tests, small tools).
-// Not yet run on a GPU.
+// Run on an H200, 2026-11-28 (csrc/cuda/README.md).
 #ifndef DUALEMB_CUDA_DUALEMB_CUDA_H_
 #define DUALEMB_CUDA_DUALEMB_CUDA_H_
 

@@ -26,7 +26,7 @@
 // counts copied back): the shared code, the same O(size) per evicting write as the CPU core; its
 // scratch is allocated before the write, so a failure still leaves the table unchanged.
 //
-// Not yet run on a GPU (prepared on a machine with nvcc 13 and no GPU). What is missing compared
+// Run on an H200 (2026-11-28: tests/gpu 51 of 52, csrc/cuda/README.md). What is missing compared
 // with the CPU table: value dtypes other than float32, and the facade adapter (README.md).
 #ifndef DUALEMB_CUDA_GPU_TABLE_H_
 #define DUALEMB_CUDA_GPU_TABLE_H_

@@ -445,9 +445,13 @@ class GpuTable:
             yield page
             offset += len(page["keys"])
 
-    def import_rows(self, keys, values, slots=None, last_update=None, update_count=None) -> int:
+    def import_rows(self, keys, values, slots=None, last_update=None, update_count=None,
+                    stepped=None) -> int:
         """The CPU table's ``import_rows``: rows with optional slots [n, num_slots, dim] and
-        metadata; the last of duplicate keys wins. Returns the rows a capacity evicted."""
+        metadata; the last of duplicate keys wins. Returns the rows a capacity evicted.
+        ``stepped`` (the checkpoint loader passes a checkpoint's marks) is accepted and dropped:
+        the GPU table keeps no stepped marks (see ``has_stepped``)."""
+        del stepped
         k = _keys(keys)
         v = self._rows(values, len(k), "values")
         s = None

@@ -14,7 +14,7 @@ table's, for host-side reads, restrict, and ``dualemb.core.checkpoint`` save/loa
 The process keeps each GPU table's host object here, under its id, until :func:`destroy`
 (``dualemb.jax.destroy`` calls it), like the core's registry keeps host tables.
 
-Not yet run on a GPU: prepared on a machine with nvcc and no GPU (see csrc/cuda/README.md).
+Run on an H200 on 2026-11-28 (tests/gpu, docs/jax.md "GPU tables"; csrc/cuda/README.md).
 """
 
 from __future__ import annotations

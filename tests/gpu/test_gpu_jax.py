@@ -3,7 +3,8 @@ against the CPU core on the same inputs, bit for bit — jitted training steps o
 optimizer, find / find_or_insert, vmap, and the version-token ordering.
 
 Skipped, naming why, where no GPU table can be made from JAX (no GPU backend, a build without
-the GPU table or its CUDA FFI module). Not yet run on a GPU.
+the GPU table or its CUDA FFI module). Run on an H200, 2026-11-28
+(docs/bench/gpu_2026-11-28_h200.json).
 """
 
 from __future__ import annotations

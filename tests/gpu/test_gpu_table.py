@@ -1,7 +1,8 @@
 """The GPU table (libdualemb_cuda.so) against the CPU core on the same inputs, bit for bit.
 
 Skipped, naming why, where no GPU table can be made (library not built, no CUDA driver, no
-device): dualemb.core._cuda.available() says which. Not yet run on a GPU.
+device): dualemb.core._cuda.available() says which. Run on an H200, 2026-11-28
+(docs/bench/gpu_2026-11-28_h200.json).
 """
 
 from __future__ import annotations
