@@ -106,8 +106,8 @@ int tile_blocks_for(int64_t n) {
 }
 
 // The tiles of the grid, each over keys i = its index, + the tile count, ... (uniform per tile).
-#define FOR_EACH_TILE_KEY(tile, i, n)                                                        \
-  const Tile tile = cg::tiled_partition<kBucketSlots>(cg::this_thread_block());              \
+#define FOR_EACH_TILE_KEY(tile, i, n)                                                          \
+  const Tile tile = cg::tiled_partition<kBucketSlots>(cg::this_thread_block());                \
   for (int64_t i = blockIdx.x * int64_t(kTilesPerBlock) + threadIdx.x / kBucketSlots; i < (n); \
        i += int64_t(gridDim.x) * kTilesPerBlock)
 
@@ -709,7 +709,7 @@ void GpuTable::reserve(int64_t rows, cudaStream_t stream) {
 void GpuTable::locate(const int64_t* keys, int64_t n, int64_t* slots, cudaStream_t stream) const {
   if (n == 0) return;
   locate_kernel<<<tile_blocks_for(n), kThreads, 0, stream>>>(arrays_->keys, arrays_->occ,
-                                                        arrays_->buckets, keys, n, slots);
+                                                             arrays_->buckets, keys, n, slots);
   check(cudaGetLastError(), "locate");
 }
 

@@ -16,10 +16,6 @@ timeval to_timeval(int64_t ms) {
   return tv;
 }
 
-std::string reply_text(const redisReply* r) {
-  return r && r->str ? std::string(r->str, r->len) : std::string();
-}
-
 // Runs one command on a fresh context (AUTH, SELECT, SENTINEL); throws with `what` on failure.
 RedisReply command(redisContext* c, const RedisCommand& args) {
   std::vector<const char*> argv;

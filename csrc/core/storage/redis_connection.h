@@ -36,6 +36,11 @@ struct RedisOptions {
 // A command: its arguments as binary-safe strings.
 using RedisCommand = std::vector<std::string>;
 
+// A reply's string payload (binary-safe), or "" for a null reply or one without a string.
+inline std::string reply_text(const redisReply* r) {
+  return r && r->str ? std::string(r->str, r->len) : std::string();
+}
+
 struct ReplyDeleter {
   void operator()(redisReply* r) const { freeReplyObject(r); }
 };

@@ -109,10 +109,6 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 )lua";
 
-std::string text(const redisReply* r) {
-  return r && r->str ? std::string(r->str, r->len) : std::string();
-}
-
 std::string join(const std::vector<size_t>& v) {
   std::string s;
   for (size_t x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
@@ -161,7 +157,7 @@ RedisTable::Snapshot RedisTable::snapshot(
     auto head = run({meta_read()});
     if (head[0]->type != REDIS_REPLY_ARRAY)
       throw RedisError("redis at " + router_->where(meta_slot_) +
-                       " refused a read: " + text(head[0].get()));
+                       " refused a read: " + reply_text(head[0].get()));
     if (head[0]->element[5]->type != REDIS_REPLY_NIL) {
       settle();
       continue;
@@ -170,10 +166,10 @@ RedisTable::Snapshot RedisTable::snapshot(
     for (size_t i = 0; i < got.size(); ++i)
       if (got[i]->type == REDIS_REPLY_ERROR)
         throw RedisError("redis at " + router_->where(routed[i].first) +
-                         " refused a read: " + text(got[i].get()));
+                         " refused a read: " + reply_text(got[i].get()));
     auto tail = run({{"HMGET", meta_key_, "clock", "pending"}});
     if (tail[0]->type == REDIS_REPLY_ARRAY &&
-        text(tail[0]->element[0]) == text(head[0]->element[0]) &&
+        reply_text(tail[0]->element[0]) == reply_text(head[0]->element[0]) &&
         tail[0]->element[1]->type == REDIS_REPLY_NIL) {
       snap.owned.push_back(std::move(head[0]));
       snap.meta = snap.owned[0].get();
@@ -230,8 +226,8 @@ bool RedisTable::commit_spread(std::vector<SliceChange>& changes, bool clear_all
   const redisReply* exec = claim.back().get();
   if (exec->type == REDIS_REPLY_NIL) return false;  // a concurrent write won: redo
   if (exec->type != REDIS_REPLY_ARRAY)
-    throw RedisError(name + ": redis at " + router_->where(meta_slot_) +
-                     " refused the batch: " + text(exec) + "; nothing of this batch was written");
+    throw RedisError(name + ": redis at " + router_->where(meta_slot_) + " refused the batch: " +
+                     reply_text(exec) + "; nothing of this batch was written");
 
   // 2. Apply, slice by slice (one pipeline per node), at most keys_sending_size rows a script.
   std::vector<std::pair<int, RedisCommand>> cmds;
@@ -272,7 +268,7 @@ bool RedisTable::commit_spread(std::vector<SliceChange>& changes, bool clear_all
     const redisReply* r = got[i].get();
     std::string err = errors[i];
     if (err.empty() && (!r || r->type != REDIS_REPLY_INTEGER))
-      err = "redis at " + router_->where(slice_slot_[b]) + " refused it: " + text(r);
+      err = "redis at " + router_->where(slice_slot_[b]) + " refused it: " + reply_text(r);
     if (!err.empty()) {
       if (std::find(failed.begin(), failed.end(), b) == failed.end()) {
         failed.push_back(b);
@@ -297,8 +293,9 @@ bool RedisTable::commit_spread(std::vector<SliceChange>& changes, bool clear_all
       try {
         head = run({{"WATCH", meta_key_}, {"HMGET", meta_key_, "pending", "revoked"}});
         if (head[1]->type != REDIS_REPLY_ARRAY)
-          throw RedisError("redis at " + router_->where(meta_slot_) + ": " + text(head[1].get()));
-        if (text(head[1]->element[0]) != token || text(head[1]->element[1]) == token) {
+          throw RedisError("redis at " + router_->where(meta_slot_) + ": " +
+                           reply_text(head[1].get()));
+        if (reply_text(head[1]->element[0]) != token || reply_text(head[1]->element[1]) == token) {
           run({{"UNWATCH"}});
           throw RedisError(name +
                            ": this batch was applied to every slice but took longer "
@@ -381,12 +378,12 @@ RedisTable::Recovery RedisTable::recover(const std::string& token,
   try {
     for (int round = 0;; ++round) {
       auto head = run({{"WATCH", meta_key_}, {"HMGET", meta_key_, "pending", "revoked"}});
-      if (head[1]->type != REDIS_REPLY_ARRAY) throw RedisError(text(head[1].get()));
-      if (text(head[1]->element[0]) != token) {  // someone else finished it
+      if (head[1]->type != REDIS_REPLY_ARRAY) throw RedisError(reply_text(head[1].get()));
+      if (reply_text(head[1]->element[0]) != token) {  // someone else finished it
         run({{"UNWATCH"}});
         return res;
       }
-      if (text(head[1]->element[1]) == token) {
+      if (reply_text(head[1]->element[1]) == token) {
         run({{"UNWATCH"}});
         break;
       }
@@ -407,7 +404,7 @@ RedisTable::Recovery RedisTable::recover(const std::string& token,
   for (size_t i = 0; i < cmds.size(); ++i) {
     std::string err = errors[i];
     if (err.empty() && (!got[i] || got[i]->type != REDIS_REPLY_INTEGER))
-      err = "refused: " + text(got[i].get());
+      err = "refused: " + reply_text(got[i].get());
     if (!err.empty()) {
       res.done = false;
       res.failed += (res.failed.empty() ? "" : "; ") + std::string("slice ") +
@@ -420,7 +417,7 @@ RedisTable::Recovery RedisTable::recover(const std::string& token,
   try {
     for (int round = 0;; ++round) {
       auto head = run({{"WATCH", meta_key_}, {"HGET", meta_key_, "pending"}});
-      if (text(head[1].get()) != token) {
+      if (reply_text(head[1].get()) != token) {
         run({{"UNWATCH"}});
         return res;
       }
@@ -444,11 +441,11 @@ void RedisTable::settle() const {
     auto rep = run(
         {{"HMGET", meta_key_, "pending", "pending_kind", "pending_slices"}, {"PTTL", lock_key_}});
     if (rep[0]->type != REDIS_REPLY_ARRAY || rep[1]->type != REDIS_REPLY_INTEGER)
-      throw RedisError("redis at " + router_->where(meta_slot_) + ": " + text(rep[0].get()) +
-                       text(rep[1].get()));
+      throw RedisError("redis at " + router_->where(meta_slot_) + ": " + reply_text(rep[0].get()) +
+                       reply_text(rep[1].get()));
     if (rep[0]->element[0]->type == REDIS_REPLY_NIL) return;
-    const std::string token = text(rep[0]->element[0]);
-    const bool clear = text(rep[0]->element[1]) == "clear";
+    const std::string token = reply_text(rep[0]->element[0]);
+    const bool clear = reply_text(rep[0]->element[1]) == "clear";
     if (rep[1]->integer != -2) {  // the lock lives: its writer (or a recovery) is at work
       if (Clock::now() > deadline)
         throw RedisError(name + ": a batch (txn " + token +
@@ -462,7 +459,7 @@ void RedisTable::settle() const {
     const std::string me = "recovery-" + random_token();
     auto got = run({{"SET", lock_key_, me, "NX", "PX", std::to_string(lease_ms())}});
     if (got[0]->type != REDIS_REPLY_STATUS) continue;  // another call is recovering it
-    Recovery r = recover(token, split(text(rep[0]->element[2])), clear);
+    Recovery r = recover(token, split(reply_text(rep[0]->element[2])), clear);
     if (!r.done) {
       try {
         run({{"EVAL", kReleaseScript, "1", lock_key_, me}});

@@ -59,14 +59,10 @@ std::string escape(const std::string& s) {
   return out;
 }
 
-std::string text(const redisReply* r) {
-  return r && r->str ? std::string(r->str, r->len) : std::string();
-}
-
 int64_t as_int(const redisReply* r, int64_t fallback) {
   if (!r || r->type == REDIS_REPLY_NIL) return fallback;
   if (r->type == REDIS_REPLY_INTEGER) return r->integer;
-  return std::stoll(text(r));
+  return std::stoll(reply_text(r));
 }
 
 std::pair<std::string, int> parse_address(const std::string& a) {
@@ -219,9 +215,9 @@ std::vector<RedisReply> RedisTable::transaction(const std::vector<RedisCommand>&
   std::vector<RedisReply> replies = run(all);
   RedisReply exec = std::move(replies.back());
   if (!exec || exec->type != REDIS_REPLY_ARRAY || exec->elements != cmds.size()) {
-    std::string why = exec && exec->type == REDIS_REPLY_ERROR ? text(exec.get()) : "";
+    std::string why = exec && exec->type == REDIS_REPLY_ERROR ? reply_text(exec.get()) : "";
     for (const auto& r : replies)
-      if (r && r->type == REDIS_REPLY_ERROR) why += " " + text(r.get());
+      if (r && r->type == REDIS_REPLY_ERROR) why += " " + reply_text(r.get());
     throw RedisError("redis at " + router_->where(meta_slot_) + " refused a read: " + why);
   }
   replies.clear();
@@ -254,7 +250,7 @@ void RedisTable::refresh_meta(const redisReply* clock, const redisReply* gen,
                               const redisReply* spec) const {
   meta_.clock = as_int(clock, 0);
   const uint32_t g = static_cast<uint32_t>(as_int(gen, 0));
-  const std::string s = text(spec);
+  const std::string s = reply_text(spec);
   if (g != meta_.opt_gen || s != meta_.opt_spec || (!s.empty() && !optimizer_)) {
     optimizer_ = s.empty() ? nullptr : make_optimizer(s);
     meta_.opt_gen = g;
@@ -268,7 +264,7 @@ void RedisTable::init_meta() {
   auto check = [&](const std::vector<RedisReply>& rep) {
     for (const auto& r : rep)
       if (r && r->type == REDIS_REPLY_ERROR)
-        throw RedisError("redis at " + router_->where(meta_slot_) + ": " + text(r.get()));
+        throw RedisError("redis at " + router_->where(meta_slot_) + ": " + reply_text(r.get()));
   };
   with_redirects([&] {
     for (int attempt = 0;; ++attempt) {
@@ -304,7 +300,7 @@ void RedisTable::init_meta() {
       }
       run({{"UNWATCH"}});
       const int64_t d = as_int(m->element[0], dim_);
-      const std::string stored_kd = text(m->element[1]);
+      const std::string stored_kd = reply_text(m->element[1]);
       if (d != dim_ || stored_kd != kd)
         throw std::invalid_argument("redis table " + prefix_ + " exists with dim " +
                                     std::to_string(d) + " and " + stored_kd + " keys; this "
@@ -319,7 +315,7 @@ void RedisTable::init_meta() {
             " (a key's slice depends on it: open the table with storage_slice " +
             std::to_string(stored_slices) + ", or save it to a checkpoint and load that into a "
             "table of another name)");
-      set_layout(text(m->element[3]));
+      set_layout(reply_text(m->element[3]));
       if (stored_slices < 0) {
         // Made by a dualemb that did not record storage_slice (every slice in meta's slot): a
         // slice past this config's last one means it was written with more slices.
@@ -424,7 +420,7 @@ bool RedisTable::spread_changes(const Rows& rows, std::vector<std::string>& befo
     auto got = router_->run_routed(reads);
     for (size_t c = 0; c < got.size(); ++c) {
       if (got[c]->type != REDIS_REPLY_ARRAY)
-        throw RedisError("redis: HMGET " + reads[c].second[1] + " failed: " + text(got[c].get()));
+        throw RedisError("redis: HMGET " + reads[c].second[1] + " failed: " + reply_text(got[c].get()));
       for (size_t i = 0; i < read_rows[c].size(); ++i) {
         const redisReply* v = got[c]->element[i];
         const size_t j = read_rows[c][i];
@@ -498,7 +494,7 @@ void RedisTable::write_batch(const int64_t* keys, int64_t n, bool read_rows, Com
       auto check_read = [&] {
         for (const auto& r : rep)
           if (r->type == REDIS_REPLY_ERROR)
-            throw RedisError("redis at " + router_->where(meta_slot_) + ": " + text(r.get()) +
+            throw RedisError("redis at " + router_->where(meta_slot_) + ": " + reply_text(r.get()) +
                              "; nothing of this batch was written");
       };
       try {
@@ -610,9 +606,9 @@ void RedisTable::write_batch(const int64_t* keys, int64_t n, bool read_rows, Com
         const redisReply* exec = done.back().get();
         if (exec->type == REDIS_REPLY_NIL) return false;  // a concurrent write won: redo
         if (exec->type == REDIS_REPLY_ERROR) {
-          std::string why = text(exec);
+          std::string why = reply_text(exec);
           for (const auto& r : done)
-            if (r->type == REDIS_REPLY_ERROR && r.get() != exec) why += "; " + text(r.get());
+            if (r->type == REDIS_REPLY_ERROR && r.get() != exec) why += "; " + reply_text(r.get());
           throw RedisError("redis at " + router_->where(meta_slot_) + " refused the batch: " + why +
                            "; nothing of this batch was written");
         }
@@ -620,7 +616,7 @@ void RedisTable::write_batch(const int64_t* keys, int64_t n, bool read_rows, Com
           if (exec->element[i]->type == REDIS_REPLY_ERROR)
             throw RedisError("redis at " + router_->where(meta_slot_) +
                              " failed a command of the batch: " +
-                             text(exec->element[i]) + " (a Redis key of this table holds "
+                             reply_text(exec->element[i]) + " (a Redis key of this table holds "
                              "another type?)");
         return true;
       } catch (...) {
@@ -703,7 +699,7 @@ void RedisTable::find(const int64_t* keys, int64_t n, void* values_out, uint8_t*
     std::vector<float> scratch(width());
     for (size_t c = 0; c < spans.size(); ++c) {
       const redisReply* r = snap.replies[c];
-      if (r->type != REDIS_REPLY_ARRAY) throw RedisError("redis: HMGET failed: " + text(r));
+      if (r->type != REDIS_REPLY_ARRAY) throw RedisError("redis: HMGET failed: " + reply_text(r));
       const auto& pos = by_bucket[spans[c].first];
       for (size_t i = 0; i < r->elements; ++i) {
         const int64_t p = pos[spans[c].second + i];
@@ -906,8 +902,8 @@ std::vector<int64_t> RedisTable::bucket_keys(int b) const {
     auto rep = run_slice(b, {{"HSCAN", buckets_[b], cursor, "COUNT", "1000"}});
     const redisReply* r = rep[0].get();
     if (r->type != REDIS_REPLY_ARRAY || r->elements != 2)
-      throw RedisError("redis: HSCAN " + buckets_[b] + " failed: " + text(r));
-    cursor = text(r->element[0]);
+      throw RedisError("redis: HSCAN " + buckets_[b] + " failed: " + reply_text(r));
+    cursor = reply_text(r->element[0]);
     const redisReply* items = r->element[1];
     for (size_t i = 0; i + 1 < items->elements; i += 2)
       keys.insert(key_of(items->element[i]->str, items->element[i]->len, "redis key " + buckets_[b]));
@@ -1026,8 +1022,8 @@ int64_t RedisTable::restrict(int64_t num_reserved, RestrictBy by, const int64_t*
         auto rep = run_slice(b, {{"HSCAN", buckets_[b], cursor, "COUNT", "1000"}});
         const redisReply* r = rep[0].get();
         if (r->type != REDIS_REPLY_ARRAY || r->elements != 2)
-          throw RedisError("redis: HSCAN " + buckets_[b] + " failed: " + text(r));
-        cursor = text(r->element[0]);
+          throw RedisError("redis: HSCAN " + buckets_[b] + " failed: " + reply_text(r));
+        cursor = reply_text(r->element[0]);
         const redisReply* items = r->element[1];
         for (size_t i = 0; i + 1 < items->elements; i += 2) {
           const int64_t k = key_of(items->element[i]->str, items->element[i]->len, buckets_[b]);
@@ -1067,7 +1063,7 @@ void RedisTable::set_clock(int64_t c) {
   std::lock_guard<std::mutex> lock(mu_);
   with_redirects([&] {
     auto rep = run({{"HSET", meta_key_, "clock", std::to_string(c)}});
-    if (rep[0]->type == REDIS_REPLY_ERROR) throw RedisError("redis: " + text(rep[0].get()));
+    if (rep[0]->type == REDIS_REPLY_ERROR) throw RedisError("redis: " + reply_text(rep[0].get()));
     return 0;
   });
 }
