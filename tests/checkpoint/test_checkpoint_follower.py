@@ -217,3 +217,19 @@ def test_background_follower_thread(tmp_path):
 def state_values(t):
     p = t.export()
     return {k: v.tobytes() for k, v in zip(p["keys"].tolist(), p["values"])}
+
+
+def test_a_delta_that_could_overflow_a_serving_capacity_is_refused(tmp_path):
+    trainer = Table(DIM)
+    pub = checkpoint.Publisher(tmp_path, {"emb": trainer})
+    trainer.insert_or_assign(np.arange(8), np.ones((8, DIM), np.float32))
+    pub.publish(1)
+    serving = Table(DIM, capacity=10)
+    follower = checkpoint.Follower(tmp_path, {"emb": serving})
+    follower.poll()
+    trainer.insert_or_assign(np.arange(8, 12), np.ones((4, DIM), np.float32))
+    pub.publish(2)
+    before = state_values(serving)
+    with pytest.raises(CheckpointError, match="more than its capacity 10"):
+        follower.poll()
+    assert state_values(serving) == before and serving.evicted_total == 0

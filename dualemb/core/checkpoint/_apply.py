@@ -107,6 +107,15 @@ def apply(path, tables: Mapping, *, partitioner=None) -> Applied:
                     "slots (load the checkpoint instead)")
             if job.set_optimizer:  # empty tables (a server's first apply) take it as load does
                 _load._validate_optimizer(job, Table)
+            if delta:  # the rows a delta adds could push a shard past its capacity: an eviction
+                for j, t in enumerate(job.live):  # would silently lose rows of the checkpoint
+                    cap = int(t.describe()[0].get("capacity", 0))
+                    if cap and int(t.size()) + int(job.counts[j]) > cap:
+                        raise CheckpointError(
+                            f"table {job.name!r}: live shard {j} holds {int(t.size())} rows and "
+                            f"the delta writes {int(job.counts[j])} into it, more than its "
+                            f"capacity {cap} allows; a serving table needs room for the "
+                            "trainer's rows (create it without a capacity)")
             string = _skeys.is_string(job.entry)
             if delta:
                 removals[job.name] = _delta.file_keys(
