@@ -233,3 +233,30 @@ def test_a_delta_that_could_overflow_a_serving_capacity_is_refused(tmp_path):
     with pytest.raises(CheckpointError, match="more than its capacity 10"):
         follower.poll()
     assert state_values(serving) == before and serving.evicted_total == 0
+
+
+def test_an_apply_that_fails_part_way_is_repaired_by_the_next_full_checkpoint(tmp_path,
+                                                                             monkeypatch):
+    rng = np.random.default_rng(5)
+    trainer = Table(DIM, optimizer=ADAM)
+    pub = checkpoint.Publisher(tmp_path, {"emb": trainer}, full_every=2)
+    serving = Table(DIM, optimizer=ADAM)
+    follower = checkpoint.Follower(tmp_path, {"emb": serving})
+    train_step(trainer, rng, 1)
+    pub.publish(1)
+    follower.poll()
+    train_step(trainer, rng, 3)  # erases rows: the tombstones go before the failure
+    pub.publish(2)
+    from dualemb.core.checkpoint import _load
+
+    def out_of_memory(*a, **k):
+        raise MemoryError("test")
+    monkeypatch.setattr(_load, "_import", out_of_memory)
+    with pytest.raises(MemoryError):
+        follower.poll()
+    monkeypatch.undo()
+    assert follower.held == ""  # no checkpoint: a delta must not apply on this state
+    train_step(trainer, rng, 4)
+    pub.publish(3)  # full (every 2 publishes)
+    assert [(a.steps["emb"], a.delta) for a in follower.poll()] == [(3, False)]
+    assert state(serving) == state(trainer)

@@ -18,7 +18,8 @@ see some rows already at the new step and others not yet (the update is applied 
 Everything that can be checked (manifest, checksums of every file read, dtypes, dims, the
 optimizer, the base) is checked before a live table is modified; a refusal leaves the tables
 unchanged. Afterwards the tables' label is the applied checkpoint's manifest SHA-256, so the
-next delta applies on top and ``checkpoint.save(..., base=)`` of the same tables works too.
+next delta applies on top and ``checkpoint.save(..., base=)`` of the same tables works too. A
+failure after writing began (out of memory) labels them with no checkpoint instead.
 """
 
 from __future__ import annotations
@@ -128,15 +129,25 @@ def apply(path, tables: Mapping, *, partitioner=None) -> Applied:
                 removals[job.name] = keep
 
         # ---- phase 2: update the live tables, each row in one core call ---------------------
-        for job in jobs:
-            for t in job.set_optimizer:
-                t.set_optimizer(job.entry["optimizer"])
-            for t in job.live:
-                _erase(t, removals[job.name], delta)
-            _load._import(job, job.partitioner, pool)
-            for t in job.live:
-                if job.clock > t.clock:
-                    t.clock = job.clock
+        try:
+            for job in jobs:
+                for t in job.set_optimizer:
+                    t.set_optimizer(job.entry["optimizer"])
+                for t in job.live:
+                    _erase(t, removals[job.name], delta)
+                _load._import(job, job.partitioner, pool)
+                for t in job.live:
+                    if job.clock > t.clock:
+                        t.clock = job.clock
+        except BaseException:
+            # Part way (out of memory): the tables hold no checkpoint now. Labelled with none,
+            # so no delta applies on top; the next full checkpoint repairs them.
+            for job in jobs:
+                for t in job.live:
+                    token = t.changes_begin()
+                    if token:
+                        t.changes_commit(token, "")
+            raise
     finally:
         pool.shutdown(wait=True)
         for job in jobs:
