@@ -355,11 +355,12 @@ int de_count_changed(int64_t id, int64_t* out) {
 
 int de_export_changed(int64_t id, int64_t* cursor, int64_t limit, int32_t key_dtype, void* keys,
                       void* values, void* slots, int32_t num_slots, int64_t* last_update,
-                      int64_t* update_count, int64_t* out_n) {
+                      int64_t* update_count, uint8_t* stepped, int64_t* out_n) {
   return guarded("export changed", [&] {
     require_out(cursor, "cursor");
-    const int64_t n = dualemb::get_table(id)->export_changed(
-        cursor, limit, key_dtype, keys, values, slots, num_slots, last_update, update_count);
+    const int64_t n =
+        dualemb::get_table(id)->export_changed(cursor, limit, key_dtype, keys, values, slots,
+                                               num_slots, last_update, update_count, stepped);
     if (out_n) *out_n = n;
   });
 }

@@ -280,7 +280,8 @@ DE_API int de_evicted_total(int64_t id, int64_t* out);
 // at or after the committed token: a save that calls begin, writes, and commits only once
 // published never loses a change. de_changes_label writes the label (NUL-terminated; *len its
 // length without the NUL; capacity >= 257 always suffices; "" before the first commit).
-// de_count_changed / de_export_changed are de_export over the changed rows: *cursor (0 at first)
+// de_count_changed / de_export_changed are de_export over the changed rows (stepped marks
+// included, as de_export writes them; any output may be NULL): *cursor (0 at first)
 // is a row position that the call moves past the rows it scanned; *out_n receives the rows
 // written (fewer than limit only at the end, or, for string keys, when a key did not fit).
 // Backends without tracking (Redis) fail these with a message naming the reason.
@@ -290,7 +291,8 @@ DE_API int de_changes_label(int64_t id, char* label, int64_t capacity, int64_t* 
 DE_API int de_count_changed(int64_t id, int64_t* out);
 DE_API int de_export_changed(int64_t id, int64_t* cursor, int64_t limit, int32_t key_dtype,
                              void* keys, void* values, void* slots, int32_t num_slots,
-                             int64_t* last_update, int64_t* update_count, int64_t* out_n);
+                             int64_t* last_update, int64_t* update_count, uint8_t* stepped,
+                             int64_t* out_n);
 // Evicted-row capture: with mode 1 (keys and metadata) or 2 (also the rows: values and slots),
 // every row a capacity eviction or de_restrict removes is kept until taken; mode 0 stops (each
 // call drops what was kept). de_take_evicted hands over the oldest up to `limit` kept rows (any

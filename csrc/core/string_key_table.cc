@@ -335,18 +335,20 @@ int64_t StringKeyTable::export_rows(int64_t offset, int64_t limit, de_string_key
 // then moves only past the rows written, found by exporting again up to the last one.
 int64_t StringKeyTable::export_changed(int64_t* cursor, int64_t limit, de_string_keys_out* out,
                                        void* values, void* slots, int slots_given,
-                                       int64_t* last_update, int64_t* update_count) const {
+                                       int64_t* last_update, int64_t* update_count,
+                                       uint8_t* stepped) const {
   const int64_t start = *cursor;
   int64_t got = 0;
   const int64_t written = export_strings(limit, out, [&](std::vector<int64_t>& ids) {
     got = rows_.export_changed(cursor, static_cast<int64_t>(ids.size()), ids.data(), values, slots,
-                               slots_given, last_update, update_count);
+                               slots_given, last_update, update_count, stepped);
     return got;
   });
   if (written < got) {
     *cursor = start;
     std::vector<int64_t> ids(static_cast<size_t>(written));
-    rows_.export_changed(cursor, written, ids.data(), nullptr, nullptr, -1, nullptr, nullptr);
+    rows_.export_changed(cursor, written, ids.data(), nullptr, nullptr, -1, nullptr, nullptr,
+                         nullptr);
   }
   return written;
 }

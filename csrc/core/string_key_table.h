@@ -46,8 +46,8 @@ class StringKeyTable {
                       uint8_t* stepped) const;
   // export_rows over the rows changed since the mark (storage.h: export_changed).
   int64_t export_changed(int64_t* cursor, int64_t limit, de_string_keys_out* keys, void* values,
-                         void* slots, int slots_given, int64_t* last_update,
-                         int64_t* update_count) const;
+                         void* slots, int slots_given, int64_t* last_update, int64_t* update_count,
+                         uint8_t* stepped) const;
   int64_t import_rows(const void* keys, int64_t n, const void* values, const void* slots,
                       int slots_given, const int64_t* last_update, const int64_t* update_count,
                       const uint8_t* stepped);

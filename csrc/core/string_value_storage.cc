@@ -165,14 +165,15 @@ int64_t StringValueStorage::insert_or_assign(const int64_t* keys, int64_t n, con
 
 int64_t StringValueStorage::export_changed(int64_t* cursor, int64_t limit, int64_t* keys,
                                            void* values, void*, int slots_given,
-                                           int64_t* last_update, int64_t* update_count) const {
+                                           int64_t* last_update, int64_t* update_count,
+                                           uint8_t* stepped) const {
   auto* out = static_cast<de_string_values_out*>(values);
   if (out) output(values, 0);  // checks its members
   Shared lock(pool_.mutex());
   const int64_t rows = std::min<int64_t>(limit, rows_->size());
   std::vector<int64_t> h(static_cast<size_t>(rows * rows_->dim()));
   const int64_t got = rows_->export_changed(cursor, rows, keys, h.data(), nullptr, slots_given,
-                                            last_update, update_count);
+                                            last_update, update_count, stepped);
   emit(pool_, h.data(), got, out);
   return got;
 }

@@ -68,8 +68,8 @@ class StringValueStorage final : public Storage {
   std::string changes_label() const override { return rows_->changes_label(); }
   int64_t count_changed() const override { return rows_->count_changed(); }
   int64_t export_changed(int64_t* cursor, int64_t limit, int64_t* keys, void* values, void* slots,
-                         int slots_given, int64_t* last_update,
-                         int64_t* update_count) const override;
+                         int slots_given, int64_t* last_update, int64_t* update_count,
+                         uint8_t* stepped) const override;
 
   int64_t clock() const override { return rows_->clock(); }
   void set_clock(int64_t c) override { rows_->set_clock(c); }

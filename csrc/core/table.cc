@@ -726,7 +726,7 @@ int64_t Table::count_changed() const {
 
 int64_t Table::export_changed(int64_t* cursor, int64_t limit, int64_t* keys, void* values_out,
                               void* slots_out, int slots_given, int64_t* last_update,
-                              int64_t* update_count) const {
+                              int64_t* update_count, uint8_t* stepped) const {
   if (*cursor < 0 || limit < 0) throw std::invalid_argument("cursor and limit must be >= 0");
   unsigned char* values = static_cast<unsigned char*>(values_out);
   unsigned char* slots = static_cast<unsigned char*>(slots_out);
@@ -751,6 +751,7 @@ int64_t Table::export_changed(int64_t* cursor, int64_t limit, int64_t* keys, voi
       if (slots && ns) std::memcpy(slots + written * ns * rb, row + rb, rb * ns);
       if (last_update) last_update[written] = m.last_update;
       if (update_count) update_count[written] = m.count;
+      if (stepped) stepped[written] = m.stepped() ? 1 : 0;
       ++written;
     }
     if (written >= limit) break;

@@ -77,8 +77,8 @@ class Table final : public Storage {
   std::string changes_label() const override;
   int64_t count_changed() const override;
   int64_t export_changed(int64_t* cursor, int64_t limit, int64_t* keys, void* values, void* slots,
-                         int slots_given, int64_t* last_update,
-                         int64_t* update_count) const override;
+                         int slots_given, int64_t* last_update, int64_t* update_count,
+                         uint8_t* stepped) const override;
   void capture_evicted(int mode) override;
   int64_t take_evicted(int64_t limit, int64_t* keys, void* values, void* slots, int slots_given,
                        int64_t* last_update, int64_t* update_count, int64_t* remaining) override;

@@ -188,22 +188,23 @@ int64_t TableFacade::export_rows(int64_t offset, int64_t limit, int32_t key_dtyp
 
 int64_t TableFacade::export_changed(int64_t* cursor, int64_t limit, int32_t key_dtype, void* keys,
                                     void* values, void* slots, int32_t num_slots,
-                                    int64_t* last_update, int64_t* update_count) const {
+                                    int64_t* last_update, int64_t* update_count,
+                                    uint8_t* stepped) const {
   if (limit < 0) throw std::invalid_argument("limit must be >= 0");
   const int slots_given = slots ? num_slots : -1;
   if (keys && key_dtype == DE_KEY_STRING)
     return strings().export_changed(cursor, limit, static_cast<de_string_keys_out*>(keys), values,
-                                    slots, slots_given, last_update, update_count);
+                                    slots, slots_given, last_update, update_count, stepped);
   if (keys && key_dtype != this->key_dtype())
     throw std::invalid_argument(std::string("export keys buffer has dtype ") +
                                 key_dtype_name(key_dtype) + " but the table's key dtype is " +
                                 key_dtype_name(this->key_dtype()));
   if (!keys || key_dtype == DE_KEY_INT64)
     return rows_->export_changed(cursor, limit, static_cast<int64_t*>(keys), values, slots,
-                                 slots_given, last_update, update_count);
+                                 slots_given, last_update, update_count, stepped);
   std::vector<int64_t> wide(static_cast<size_t>(limit));
   const int64_t n = rows_->export_changed(cursor, limit, wide.data(), values, slots, slots_given,
-                                          last_update, update_count);
+                                          last_update, update_count, stepped);
   int32_t* k32 = static_cast<int32_t*>(keys);
   for (int64_t i = 0; i < n; ++i) k32[i] = static_cast<int32_t>(wide[i]);
   return n;

@@ -126,7 +126,7 @@ class TableFacade {
   int64_t count_changed() const { return rows_->count_changed(); }
   int64_t export_changed(int64_t* cursor, int64_t limit, int32_t key_dtype, void* keys,
                          void* values, void* slots, int32_t num_slots, int64_t* last_update,
-                         int64_t* update_count) const;
+                         int64_t* update_count, uint8_t* stepped) const;
   // Refused for string keys and string values (their strings leave with the rows).
   void capture_evicted(int mode);
   int64_t take_evicted(int64_t limit, int32_t key_dtype, void* keys, void* values, void* slots,

@@ -33,7 +33,8 @@ T* meta_out(const py::object& o, int64_t elements, const char* name) {
   if (o.is_none()) return nullptr;
   py::array a = o.cast<py::array>();
   if (!a.dtype().is(py::dtype::of<T>()) || !(a.flags() & py::array::c_style) || !a.writeable())
-    throw py::value_error(std::string(name) + " must be a writable C-contiguous int64 array");
+    throw py::value_error(std::string(name) + " must be a writable C-contiguous " +
+                          (sizeof(T) == 1 ? "uint8" : "int64") + " array");
   if (a.size() != elements) throw py::value_error(std::string(name) + " has the wrong size");
   return static_cast<T*>(a.mutable_data());
 }
@@ -91,13 +92,14 @@ void bind_changes(py::module_& m) {
   // None) a list of bytes; the key buffer grows until the whole page fits.
   m.def("export_changed_page", [](int64_t id, int64_t cursor, int64_t limit, py::object keys,
                                   py::array values, py::object slots, py::object last_update,
-                                  py::object update_count) {
+                                  py::object update_count, py::object stepped) {
     const Format f = format_of(id);
     RowsOut v(values, limit * f.dim, f.value_dtype, "values");
     int32_t ns = 0;
     void* sl = slots_out(slots, limit, f, &ns);
     int64_t* lu = meta_out<int64_t>(last_update, limit, "last_update");
     int64_t* uc = meta_out<int64_t>(update_count, limit, "update_count");
+    uint8_t* st = meta_out<uint8_t>(stepped, limit, "stepped");
     int64_t n = 0;
     const int64_t start = cursor;
     if (f.key_dtype != DE_KEY_STRING) {
@@ -105,7 +107,7 @@ void bind_changes(py::module_& m) {
       int rc;
       {
         py::gil_scoped_release release;
-        rc = de_export_changed(id, &cursor, limit, f.key_dtype, k, v.ptr(), sl, ns, lu, uc, &n);
+        rc = de_export_changed(id, &cursor, limit, f.key_dtype, k, v.ptr(), sl, ns, lu, uc, st, &n);
       }
       check(rc);
       v.fill(n * f.dim);
@@ -120,8 +122,8 @@ void bind_changes(py::module_& m) {
       int rc;
       {
         py::gil_scoped_release release;
-        rc =
-            de_export_changed(id, &cursor, limit, DE_KEY_STRING, &out, v.ptr(), sl, ns, lu, uc, &n);
+        rc = de_export_changed(id, &cursor, limit, DE_KEY_STRING, &out, v.ptr(), sl, ns, lu, uc, st,
+                               &n);
       }
       check(rc);
       if (out.needed == 0) break;

@@ -49,8 +49,8 @@ class ChangeTracking:
     def export_changed(self, cursor: int = 0, limit: int = 1 << 16) -> tuple[dict, int]:
         """One page of the rows written since the mark, scanning from row position ``cursor``
         (0 at first): ``(page, next_cursor)``, the page as ``export`` gives it (``keys``,
-        ``values``, ``slots``, ``last_update``, ``update_count``), empty at the end. Stable
-        while the table is not modified."""
+        ``values``, ``slots``, ``last_update``, ``update_count``, ``stepped``), empty at the
+        end. Stable while the table is not modified."""
         limit = int(limit)
         if limit < 1:
             raise ValueError(f"limit must be >= 1, got {limit}")
@@ -59,12 +59,14 @@ class ChangeTracking:
         values = np.empty((limit, self._dim), self._value_dtype)
         last = np.empty(limit, np.int64)
         count = np.empty(limit, np.int64)
+        stepped = np.empty(limit, np.uint8)
         for attempt in range(3):
             slots = np.empty((limit, self.num_slots, self._dim), self._value_dtype)
             try:
                 n, nxt, skeys = _core.export_changed_page(
                     self._id, int(cursor), limit, keys, values,
-                    None if self._value_dtype_name == _vd.STRING else slots, last, count)
+                    None if self._value_dtype_name == _vd.STRING else slots, last, count,
+                    stepped)
                 break
             except ValueError as e:  # an optimizer attached meanwhile: read its slots again
                 if "slots buffer sized for" not in str(e) or attempt == 2:
@@ -73,7 +75,8 @@ class ChangeTracking:
             keys = np.empty(n, object)
             keys[:] = skeys
         return ({"keys": keys[:n], "values": values[:n], "slots": slots[:n],
-                 "last_update": last[:n], "update_count": count[:n]}, int(nxt))
+                 "last_update": last[:n], "update_count": count[:n],
+                 "stepped": stepped[:n].astype(bool)}, int(nxt))
 
     def capture_evicted(self, enabled: bool = True, *, rows: bool = False) -> None:
         """Keeps the rows that capacity evictions and ``restrict`` remove from now on (keys and

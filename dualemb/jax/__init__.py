@@ -48,14 +48,14 @@ __all__ = [
     "apply_gradients", "uses_host_callback",
     "lookup_many", "find_many", "find_or_insert_many", "apply_gradients_many",
     "initializers", "optimizers",
-    "save", "load", "load_tables",
+    "save", "load", "load_tables", "Publisher", "follow",
 ]
 
 
 def __getattr__(name):
     # Loaded on first use: checkpoints, and the Flax / Orbax glue (which import flax, orbax).
     import importlib
-    if name in ("save", "load", "load_tables"):
+    if name in ("save", "load", "load_tables", "Publisher", "follow"):
         return getattr(importlib.import_module("dualemb.jax.checkpoint"), name)
     if name in ("checkpoint", "nnx", "linen", "orbax", "generic", "keras_optax", "sharded"):
         return importlib.import_module(f"dualemb.jax.{name}")

@@ -255,3 +255,43 @@ def _handle(plan: dict, ck) -> Table:
         table = table.replace(optimizer=opt, slot_tables=slot_ids,
                               opt_state=tuple(jnp.asarray(s) for s in plan["state"]))
     return table
+
+
+# ---- live serving updates (docs/online_learning.md) -------------------------------------------
+
+class Publisher:
+    """The trainer's side: ``publish(tables)`` saves the JAX tables into ``directory`` named by
+    their step, a full checkpoint every ``full_every`` publishes and deltas between
+    (``dualemb.core.checkpoint.Publisher``, after waiting for the tables' pending writes)."""
+
+    def __init__(self, directory, *, full_every: int = 10):
+        self._core = _ckpt.Publisher(directory, {}, full_every=full_every)
+        self.directory = self._core.directory
+
+    def publish(self, tables, *, step: int | None = None, dense: Mapping | None = None,
+                metadata: dict | None = None, blocking: bool = True):
+        """Saves ``tables`` (a table or name -> table, their current handles) as ``save``
+        does; the checkpoint is named by ``step`` (default: the largest of their steps), which
+        must grow from one publish to the next."""
+        core, steps, meta = collect(tables)
+        md = dict(metadata or {})
+        md[META_KEY] = meta
+        dense_np = None if dense is None else {k: np.asarray(v) for k, v in dense.items()}
+        step = max(steps.values()) if step is None else step
+        return self._core.publish(step, tables=core, steps=steps, dense=dense_np,
+                                  metadata=md, blocking=blocking)
+
+
+def follow(directory, tables, *, partitioner=None) -> "_ckpt.Follower":
+    """The serving side: a ``dualemb.core.checkpoint.Follower`` that keeps the JAX ``tables``
+    (a table or name -> table) at the newest checkpoint in ``directory``; ``poll()`` or
+    ``start(interval)``/``stop()``. Lookups (``dej.lookup``/``dej.find``, jitted or not) go on
+    meanwhile and see each row before or after an update, never half-written. The tables may
+    be fresh (``dej.create`` with the trainer's dim and dtypes) or loaded from a checkpoint of
+    the directory. Tables of the generic Optax path follow without their optimizer state."""
+    core = {}
+    for name, t in _as_mapping(tables).items():
+        check_exists(t)
+        block(t)
+        core[name] = CoreTable.attach(t.id)
+    return _ckpt.Follower(directory, core, partitioner=partitioner)

@@ -90,17 +90,53 @@ def test_delta_holds_only_changed_rows_and_tombstones(tmp_path):
         assert m["version"] == 3 and m["base"]["path"] == "../full"
         assert e["rows"] == len(changed) and e["total_rows"] == 999
         assert e["tombstones"]["rows"] == 1
-        # Shard data bytes: exactly the changed rows (keys, metadata, values, 2 Adam slots).
+        # Shard data bytes: exactly the changed rows (keys, metadata, values, 2 Adam slots, the
+        # stepped mark).
         sizes[frac] = sum(s["bytes"] - s["header_bytes"] for s in e["shards"])
-        assert sizes[frac] == len(changed) * (3 * 8 + 3 * DIM * 4)
+        assert sizes[frac] == len(changed) * (3 * 8 + 3 * DIM * 4 + 1)
         # Back to the base's mark for the next fraction: load the base.
         checkpoint.load(tmp_path / "full", {"emb": t})
     full = sum(s["bytes"] - s["header_bytes"]
                for s in checkpoint.read_manifest(tmp_path / "full")["tables"][0]["shards"])
-    # A full checkpoint also holds one byte per row of stepped marks, which a delta leaves out
-    # (its rows load by the format's default rule).
-    full -= 1000
     assert sizes[0.01] * 100 == full and sizes[0.1] * 10 == full
+
+
+def stepped_marks(tables):
+    """{key: stepped} over live shards (the core's marks, as export gives them)."""
+    out = {}
+    for t in tables if isinstance(tables, list) else [tables]:
+        p = t.export()
+        out.update(zip(p["keys"].tolist(), p["stepped"].tolist()))
+    return out
+
+
+def test_delta_carries_the_stepped_marks_of_a_full_save(tmp_path):
+    """A row stepped with an all-zero gradient keeps Adam's initial (zero) slots, so the
+    format's fallback rule (stepped where the slots differ from the initial ones) would load it
+    unmarked: the delta must carry the mark. Reference: a full save of the same live table."""
+    t = Table(DIM, optimizer=ADAM)
+    t.insert_or_assign(np.arange(40), np.ones((40, DIM), np.float32))  # not stepped
+    train(t, np.random.default_rng(8), np.arange(10), 1)               # stepped, slots != 0
+    checkpoint.save(tmp_path / "full", {"emb": t}, steps=1)
+    zero = np.array([20, 21, 100], np.int64)  # two old rows and a new one, all-zero gradient
+    t.apply_gradients(zero, np.zeros((3, DIM), np.float32), 0.01, 2)
+    t.insert_or_assign(np.array([30, 101]), np.ones((2, DIM), np.float32))  # written, unstepped
+    train(t, np.random.default_rng(9), np.array([5]), 2)
+    checkpoint.save(tmp_path / "d", {"emb": t}, steps=2, base=tmp_path / "full")
+    checkpoint.save(tmp_path / "full2", {"emb": t}, steps=2)
+    marks = stepped_marks(t)
+    assert all(marks[k] for k in zero.tolist())
+    assert not marks[30] and not marks[101] and marks[5] and not marks[35]
+    assert not t.export()["slots"][np.isin(t.export()["keys"], zero)].any()  # the hard case
+    full = stepped_marks(checkpoint.load(tmp_path / "full2").tables["emb"])
+    assert full == marks
+    for shards in (None, 3):
+        assert stepped_marks(checkpoint.load(tmp_path / "d", num_shards=shards).tables["emb"]) \
+            == full
+    e = checkpoint.read_manifest(tmp_path / "d")["tables"][0]
+    assert all("stepped" in s["tensors"] for s in e["shards"])
+    checkpoint.compact(tmp_path / "d", tmp_path / "compact")
+    assert stepped_marks(checkpoint.load(tmp_path / "compact").tables["emb"]) == full
 
 
 def test_delta_on_a_loaded_checkpoint_and_after_a_failed_save(tmp_path, monkeypatch):

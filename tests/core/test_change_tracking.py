@@ -68,3 +68,29 @@ def test_string_keys_track_changes():
     mark(t)
     t.insert_or_assign(np.array([b"b" * 5000, b"d"], object), np.ones((2, DIM), np.float32))
     assert changed(t) == {b"b" * 5000, b"d"}
+
+
+@pytest.mark.parametrize("key_dtype", ["int64", "string"])
+def test_changed_pages_carry_the_stepped_marks_of_export(key_dtype):
+    """export_changed gives each changed row the same stepped mark as export (the rows of a
+    delta checkpoint load as marked as a full save's); reference: export's own column."""
+    t = Table(DIM, key_dtype=key_dtype, optimizer={"name": "adam", "flavor": "keras"})
+    keys = (np.arange(12) if key_dtype == "int64"
+            else np.array([f"k{i}".encode() for i in range(12)], object))
+    t.insert_or_assign(keys, np.ones((12, DIM), np.float32))
+    t.apply_gradients(keys[:4], np.ones((4, DIM), np.float32), 0.1, 1)
+    mark(t)
+    t.apply_gradients(keys[2:6], np.zeros((4, DIM), np.float32), 0.1, 2)  # all-zero gradient
+    t.insert_or_assign(keys[8:10], np.ones((2, DIM), np.float32))
+    full = t.export()
+    want = {k: s for k, s in zip(full["keys"].tolist(), full["stepped"].tolist())}
+    got, cursor = {}, 0
+    while True:
+        page, cursor = t.export_changed(cursor, 3)
+        if len(page["keys"]) == 0:
+            break
+        got.update(zip(page["keys"].tolist(), page["stepped"].tolist()))
+    assert set(got) == set(keys[2:6].tolist()) | set(keys[8:10].tolist())
+    assert got == {k: want[k] for k in got}
+    assert [got[k] for k in keys[2:6].tolist()] == [True] * 4
+    assert [got[k] for k in keys[8:10].tolist()] == [False] * 2

@@ -39,7 +39,7 @@ void Storage::changes_commit(int64_t token, const std::string&) {
 std::string Storage::changes_label() const { no_change_tracking(); }
 int64_t Storage::count_changed() const { no_change_tracking(); }
 int64_t Storage::export_changed(int64_t*, int64_t, int64_t*, void*, void*, int, int64_t*,
-                                int64_t*) const {
+                                int64_t*, uint8_t*) const {
   no_change_tracking();
 }
 void Storage::capture_evicted(int mode) {

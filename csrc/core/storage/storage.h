@@ -76,10 +76,10 @@ class Storage {
   virtual int64_t count_changed() const;
   // export_rows over the rows changed since the mark: scans from row position *cursor (0 at
   // first) and writes up to `limit` changed rows; *cursor moves past the last row scanned. Stable
-  // while the table is not modified, like export_rows.
+  // while the table is not modified, like export_rows (stepped marks included).
   virtual int64_t export_changed(int64_t* cursor, int64_t limit, int64_t* keys, void* values,
                                  void* slots, int slots_given, int64_t* last_update,
-                                 int64_t* update_count) const;
+                                 int64_t* update_count, uint8_t* stepped) const;
   // Evicted-row capture (change_tracking.h: EvictedCapture): mode 0 off, 1 keys and metadata,
   // 2 with the rows; take_evicted hands over (and forgets) the oldest `limit` captured rows and
   // sets *remaining to those left. The defaults refuse, naming the reason.

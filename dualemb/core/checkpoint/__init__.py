@@ -11,6 +11,8 @@ write and read, with tables (optimizer slots included), dense parameters and met
     checkpoint.read_manifest(path); checkpoint.load_dense(path)
     checkpoint.save(path2, tables, steps=200, base=path)  # a delta: rows written since `path`
     checkpoint.compact(path2, path3)      # a delta chain as one full checkpoint
+    checkpoint.Publisher(dir, tables).publish(step)      # trainer: deltas into a directory
+    checkpoint.Follower(dir, tables).start(interval=1)   # server: applies them while serving
 
 Every ``path`` may be a local directory or the URL of an object store (``gs://bucket/ckpt``,
 ``s3://bucket/ckpt``, any fsspec URL; the ``object-store`` extra): there a save writes a fresh
@@ -30,8 +32,12 @@ from dualemb.core.checkpoint._manifest import FORMAT, VERSION, CheckpointError
 from dualemb.core.checkpoint._result import Checkpoint
 from dualemb.core.checkpoint._background import SaveCancelled, SaveHandle, save
 from dualemb.core.checkpoint._compact import compact
+from dualemb.core.checkpoint._apply import Applied, apply
+from dualemb.core.checkpoint._follower import Follower
+from dualemb.core.checkpoint._publisher import Publisher
 from dualemb.core.checkpoint import _parts as parts  # one checkpoint written by several processes
 
 
 __all__ = ["save", "SaveHandle", "SaveCancelled", "load", "compact", "read_manifest", "load_dense",
-           "Checkpoint", "CheckpointError", "Subset", "parts", "FORMAT", "VERSION"]
+           "Checkpoint", "CheckpointError", "Subset", "parts", "FORMAT", "VERSION",
+           "apply", "Applied", "Follower", "Publisher"]

@@ -124,12 +124,11 @@ def write_shard(table, path: str, name: str, shard: int, info: dict, page_rows: 
     tensors = [("last_update", np.int64, (n,)), ("update_count", np.int64, (n,)),
                *key_tensors, *value_tensors]
     tensors += [(SLOT_PREFIX + s, value_dtype, (n, dim)) for s in slot_names]
-    # The stepped marks (optional in the format): a delta's pages (source, export_changed) and a
-    # GPU table's exports do not carry them yet, so those leave the tensor out and their rows load
-    # by the default rule (stepped where the slots differ from the initial slots;
+    # The stepped marks (optional in the format): a delta's pages (export_changed) carry them like
+    # a full export; a GPU table's exports do not, so its checkpoints leave the tensor out and
+    # their rows load by the default rule (stepped where the slots differ from the initial slots;
     # docs/checkpoint_format.md).
-    with_stepped = (bool(ns) and getattr(table, "has_stepped", True)
-                    and (source is None or getattr(source, "has_stepped", False)))
+    with_stepped = bool(ns) and getattr(table, "has_stepped", True)
     if with_stepped:
         tensors.append((STEPPED, np.uint8, (n,)))
     writer = Writer(path, tensors, {"format": FORMAT, "table": name, "shard": str(shard)})

@@ -10,6 +10,8 @@ every saving entry point, one module per path (docs/tf_saving.md):
   ``save_own_variables`` / ``load_own_variables``).
 * ``common_format``: ``de.save`` / ``de.load``, the common checkpoint format JAX reads too.
 * ``file_system``: ``Variable.save_to_file_system`` / ``load_from_file_system``.
+* ``live_updates``: ``follow``, a serving model's tables (a loaded SavedModel's too) applying the
+  checkpoints a trainer publishes, in place (docs/online_learning.md).
 * ``weights_snapshot``: what ``get_weights()`` returns for a layer's table.
 
 Restoring **replaces** a variable's contents; a checkpoint whose dim or dtypes differ from the
@@ -28,6 +30,7 @@ _EXPORTS = {
     "find_variables": "dualemb.tf.saving.common_format",
     "load": "dualemb.tf.saving.common_format",
     "save": "dualemb.tf.saving.common_format",
+    "follow": "dualemb.tf.saving.live_updates",
     "load_variable_from_file_system": "dualemb.tf.saving.file_system",
     "save_variable_to_file_system": "dualemb.tf.saving.file_system",
     "layer_load_own_variables": "dualemb.tf.saving.keras_files",
