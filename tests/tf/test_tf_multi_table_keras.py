@@ -13,6 +13,7 @@ tests/tf/test_tf_multi_table_ops.py.)
 
 import keras
 import numpy as np
+import tensorflow as tf
 
 import dualemb.tf as de
 from dualemb.tf import ops
@@ -43,11 +44,10 @@ def _data():
     return x, y
 
 
-def _tables(layers):
-    """Per shard of every layer: its rows, slots and metadata sorted by key (numpy)."""
+def _tables(variables):
+    """Per shard of every Variable: its rows, slots and metadata sorted by key (numpy)."""
     out = []
-    for layer in layers:
-        params = layer.params
+    for params in variables:
         for shard in params.router.shards:
             e = ops.export_table(shard.resource, params.key_dtype, params.dim)
             e = {k: v.numpy() for k, v in e.items()}
@@ -70,10 +70,10 @@ def _train(tag, monkeypatch, multi=True):
     adam.exclude_from_weight_decay(var_names=[f"mt_{tag}_2"])
     model.compile(de.DynamicEmbeddingOptimizer(adam, multi_table=multi), "mse")
     x, y = _data()
-    initial = _tables(layers)
+    initial = _tables([layer.params for layer in layers])
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0)
     monkeypatch.setattr(ops, "apply_gradients_many", real)
-    return _tables(layers), initial, head.get_weights(), calls
+    return _tables([layer.params for layer in layers]), initial, head.get_weights(), calls
 
 
 def _assert_equal(a, b):
@@ -107,3 +107,43 @@ def test_environment_switch_turns_grouping_off(monkeypatch):
     assert calls and set(calls) == {4}
     _assert_equal(off, grouped)
 
+
+
+def _train_tf1(monkeypatch, grouping):
+    """Two Variables trained by a wrapped ``tf.compat.v1.train.AdamOptimizer`` in a
+    ``tf.function`` loop (the tf_keras / TF1 wrapper groups tables the same way); only the
+    environment switch turns grouping off there. Returns (tables, apply_gradients_many calls)."""
+    monkeypatch.setenv(multi_table.ENV_SWITCH, "1" if grouping else "0")
+    calls = []
+    real = ops.apply_gradients_many
+    monkeypatch.setattr(ops, "apply_gradients_many",
+                        lambda tables, *a, **k: calls.append(len(tables)) or real(tables, *a, **k))
+    variables = [de.Variable(dim=3, name=f"mt_tf1_{grouping}_{i}",
+                             initializer=keras.initializers.RandomNormal(stddev=0.5, seed=i))
+                 for i in range(2)]
+    optimizer = de.DynamicEmbeddingOptimizer(tf.compat.v1.train.AdamOptimizer(0.05))
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            looked = [de.embedding_lookup(v, ids + i, return_trainable=True)
+                      for i, v in enumerate(variables)]
+            loss = tf.add_n([tf.reduce_sum(tf.sin(rows)) for rows, _ in looked])
+        anchors = [a for _, a in looked]
+        optimizer.apply_gradients(zip(tape.gradient(loss, anchors), anchors))
+
+    for ids in ([1, 2, 2, 5], [5, 9, 1, 1], [2, 2, 2, 7]):
+        step(tf.constant(ids, tf.int64))
+    monkeypatch.setattr(ops, "apply_gradients_many", real)
+    return _tables(variables), calls
+
+
+def test_tf1_optimizer_groups_tables_with_the_same_result(monkeypatch):
+    grouped, calls_g = _train_tf1(monkeypatch, True)
+    single, calls_s = _train_tf1(monkeypatch, False)
+    assert calls_g and set(calls_g) == {2} and calls_s == []
+    assert len(grouped) == len(single) == 2
+    for ta, tb in zip(grouped, single):
+        assert len(ta["keys"]) == 5 and ta["stepped"].all()  # ids {1, 2, 5, 7, 9} (+ i)
+        for k in ta:
+            np.testing.assert_array_equal(ta[k], tb[k], err_msg=k)
