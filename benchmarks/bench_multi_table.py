@@ -14,12 +14,12 @@ For each, in one process, rounds interleaved so that load drifts hit both alike:
   (``multi_table``: one FFI call each for all the tables);
 * ``core``: the core alone (no framework), a step's lookups and Adam updates of every table by
   per-table calls and by ``dualemb.core.find_many`` / ``apply_gradients_many``;
-* ``tf_loop``: the same model in Keras 3 (one ``de.keras.layers.Embedding`` per feature,
-  ``DynamicEmbeddingOptimizer(Adam)``), a custom training step in ``tf.function``, with the
-  optimizer's step updating the tables by one op each (``per_table``: ``multi_table=False``) and
-  by one ``DualembApplyGradientsMany`` for all (``multi_table``); the lookups are one op per
-  layer in both;
-* ``tf_fit``: the same two models trained by ``model.fit`` (one call per round).
+* ``tf_loop``: the same model in TensorFlow (``de.Variable`` per feature, a Keras MLP,
+  ``DynamicEmbeddingOptimizer(Adam)``), a custom training step in ``tf.function``: one lookup op
+  and one optimizer op per table (``per_table``) against one ``de.embedding_lookup_many`` and
+  one multi-table optimizer op for all (``multi_table``);
+* ``tf_fit``: ``model.fit`` of the model with one ``de.keras.layers.Embedding`` per feature
+  (lookups one op per layer in both), the optimizer's step per table or in one op.
 
 Reported per row: examples/s (median and best round), process CPU ms per step (all threads),
 and ``speedup`` = multi-table examples/s over per-table (median rounds). Run on an idle machine::

@@ -24,13 +24,13 @@ turns grouping off: every table steps alone, as before.
 
 from __future__ import annotations
 
-import json
 import os
 
 import tensorflow as tf
 
 from dualemb.tf import ops
 from dualemb.tf.optimizers import row_update
+from dualemb.tf.shard import in_memory
 
 ENV_SWITCH = "DUALEMB_TF_MULTI_TABLE"
 
@@ -42,17 +42,9 @@ def enabled(optimizer_setting: bool = True) -> bool:
     return bool(optimizer_setting) and env not in ("0", "false", "no", "off")
 
 
-def _in_memory(shard) -> bool:
-    try:
-        config = json.loads(shard.config)
-    except (TypeError, ValueError):
-        return False
-    return isinstance(config, dict) and config.get("backend", "memory") == "memory"
-
-
 def _groupable(group) -> bool:
     router = group.params.router
-    return router.placement is None and all(_in_memory(s) for s in router.shards)
+    return router.placement is None and all(in_memory(s) for s in router.shards)
 
 
 def _shard_calls(group) -> list:
@@ -67,6 +59,7 @@ def _shard_calls(group) -> list:
     return list(zip(group.params.router.shards, (k for k, _ in calls), (g for _, g in calls)))
 
 
+@tf.autograph.experimental.do_not_convert  # Python control flow over Python objects
 def fused_steps(groups, learning_rate, step, multi_table: bool = True) -> None:
     """The core's fused update of every group's rows (``row_update.fused_step`` for each, the
     tables that allow it in one op per device and key dtype: see the module docstring), then
