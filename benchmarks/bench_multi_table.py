@@ -13,13 +13,18 @@ For each, in one process, rounds interleaved so that load drifts hit both alike:
   table (``per_table``) and with ``dej.lookup_many`` / ``dej.apply_gradients_many``
   (``multi_table``: one FFI call each for all the tables);
 * ``core``: the core alone (no framework), a step's lookups and Adam updates of every table by
-  per-table calls and by ``dualemb.core.find_many`` / ``apply_gradients_many``.
+  per-table calls and by ``dualemb.core.find_many`` / ``apply_gradients_many``;
+* ``tf_loop``: the same model in TensorFlow (``de.Variable`` per feature, a Keras MLP,
+  ``DynamicEmbeddingOptimizer(Adam)``), a custom training step in ``tf.function``: one lookup op
+  and one optimizer op per table (``per_table``) against one ``de.embedding_lookup_many`` and
+  one multi-table optimizer op for all (``multi_table``);
+* ``tf_fit``: ``model.fit`` of the model with one ``de.keras.layers.Embedding`` per feature
+  (lookups one op per layer in both), the optimizer's step per table or in one op.
 
 Reported per row: examples/s (median and best round), process CPU ms per step (all threads),
-and ``speedup`` = multi-table examples/s over per-table (median rounds). The TF side (one op per
-step for a Keras model's layers) is not built yet: no TF rows. Run on an idle machine::
+and ``speedup`` = multi-table examples/s over per-table (median rounds). Run on an idle machine::
 
-    python benchmarks/bench_multi_table.py [--quick] [--models demo,criteo]
+    python benchmarks/bench_multi_table.py [--quick] [--models demo,criteo] [--no-tf]
 """
 
 from __future__ import annotations
@@ -198,6 +203,7 @@ def main(argv=None):
     ap.add_argument("--models", default="demo,criteo")
     ap.add_argument("--steps", type=int, default=None, help="steps per round")
     ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--no-tf", action="store_true", help="leave out the TensorFlow rows")
     args = ap.parse_args(argv)
     steps = args.steps or (3 if args.quick else 30)
     rounds = args.rounds or (2 if args.quick else 5)
@@ -209,6 +215,12 @@ def main(argv=None):
         batches = _batches(m["features"], m["batch"], 2 + steps * rounds)
         out["models"][name] = {**m, "jax": _bench_jax(m, batches, steps, rounds),
                                "core": _bench_core(m, batches, steps, rounds)}
+        if not args.no_tf:
+            import bench_multi_table_tf as tf_rows  # TensorFlow only when asked for
+            out["tensorflow"] = tf_rows.versions()
+            for mode in ("loop", "fit"):
+                out["models"][name]["tf_" + mode] = tf_rows.bench(
+                    m, batches, steps, rounds, mode, _rounds, hidden=HIDDEN, lr=LR)
     out["load_avg_after"] = os.getloadavg()
     print(json.dumps(out, indent=1))
 

@@ -8,6 +8,8 @@
 // the table's value dtype (attr Tvalue, checked by the kernels against the table; its default,
 // float, keeps graphs and SavedModels written before value dtypes loading). Gradients and
 // restrict scores are float32 whatever the value dtype.
+#include <vector>
+
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -163,6 +165,65 @@ REGISTER_OP("DualembApplyGradients")
     .Doc(R"doc(One fused optimizer step on the rows of `keys` (gradients of duplicate keys summed;
 missing keys inserted from the initializer). `step` is the 1-based update count. Gradients are
 float32 whatever the table's value dtype (a float16/bfloat16 row is updated in float32).)doc");
+
+// Multi-table forms (one op for the tables of a step; the core runs them in parallel). Table
+// i's keys are keys[i] (one key dtype for all), its rows have its own value dtype (Tvalues[i])
+// and dim (dims[i]). Every table is checked before any changes: a bad input in one table fails
+// the op naming the table (its position), and no table is changed.
+REGISTER_OP("DualembFindMany")
+    .Input("tables: N * resource")
+    .Input("keys: N * Tkey")
+    .Output("values: Tvalues")
+    .Output("exists: N * bool")
+    .Output("evicted: N * int64")
+    .Attr("N: int >= 1")
+    .Attr(kKeyDtypeAttr)
+    .Attr("Tvalues: list({float, half, bfloat16, double, int8, int32, int64}) >= 1")
+    .Attr("dims: list(int)")
+    .Attr("insert_missing: bool = false")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t n;
+      std::vector<int64_t> dims;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      TF_RETURN_IF_ERROR(c->GetAttr("dims", &dims));
+      if (static_cast<int64_t>(dims.size()) != n)
+        return absl::InvalidArgumentError("DualembFindMany: dims must have one entry per table");
+      for (int64_t i = 0; i < n; ++i) {
+        ShapeHandle unused, rows;
+        TF_RETURN_IF_ERROR(c->WithRank(c->input(i), 0, &unused));
+        const int k = static_cast<int>(n + i);
+        TF_RETURN_IF_ERROR(c->Concatenate(
+            c->input(k), c->Vector(dims[i] >= 0 ? c->MakeDim(dims[i]) : c->UnknownDim()), &rows));
+        c->set_output(static_cast<int>(i), rows);
+        c->set_output(static_cast<int>(n + i), c->input(k));
+        c->set_output(static_cast<int>(2 * n + i), c->Scalar());
+      }
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(DualembFind on N tables in one op (rows of tables[i] for keys[i], dims[i], value
+dtype Tvalues[i]); results equal N DualembFind ops bit for bit. String-valued tables are
+refused.)doc");
+
+REGISTER_OP("DualembApplyGradientsMany")
+    .Input("tables: N * resource")
+    .Input("keys: N * Tkey")
+    .Input("grads: N * float")
+    .Input("learning_rate: float")
+    .Input("step: int64")
+    .Output("evicted: N * int64")
+    .Attr("N: int >= 1")
+    .Attr(kKeyDtypeAttr)
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      int64_t n;
+      TF_RETURN_IF_ERROR(c->GetAttr("N", &n));
+      for (int64_t i = 0; i < n; ++i) c->set_output(static_cast<int>(i), c->Scalar());
+      return absl::OkStatus();
+    })
+    .Doc(R"doc(DualembApplyGradients on N tables in one op, one learning rate and step for all
+(tables[i] with keys[i], grads[i]); results equal N DualembApplyGradients ops bit for bit (a
+table listed twice runs its entries in list order).)doc");
 
 REGISTER_OP("DualembRestrict")
     .Input("table: resource")

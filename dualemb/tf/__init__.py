@@ -18,6 +18,7 @@ from dualemb.tf.creators import (CuckooHashTableConfig, CuckooHashTableCreator, 
                                  KVCreator, RedisTableConfig, RedisTableCreator)
 from dualemb.tf.lookup import (embedding_lookup, embedding_lookup_sparse,
                                embedding_lookup_unique, safe_embedding_lookup_sparse)
+from dualemb.tf.lookup_many import embedding_lookup_many
 from dualemb.tf.modes import (ModelMode, enable_inference_mode, enable_train_mode,
                               get_model_mode)
 from dualemb.tf.optimizers import DynamicEmbeddingOptimizer, DynamicEmbeddingOptimizerWrapper
@@ -30,7 +31,7 @@ from dualemb.tf.variable import GraphKeys, Variable, default_partition_fn, get_v
 __all__ = [
     "Variable", "get_variable", "default_partition_fn", "TrainableWrapper", "SlotVariable",
     "embedding_lookup", "embedding_lookup_unique", "embedding_lookup_sparse",
-    "safe_embedding_lookup_sparse", "DynamicEmbeddingOptimizer",
+    "safe_embedding_lookup_sparse", "embedding_lookup_many", "DynamicEmbeddingOptimizer",
     "DynamicEmbeddingOptimizerWrapper", "RestrictPolicy",
     "TimestampRestrictPolicy", "FrequencyRestrictPolicy", "ModelMode", "enable_train_mode",
     "enable_inference_mode", "get_model_mode", "KVCreator", "CuckooHashTableConfig",

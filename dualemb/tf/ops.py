@@ -40,7 +40,9 @@ clear=False, stepped=None) -> evicted (int64 scalar)``
     empty_detaches=True)`` (with ``empty_detaches=False`` an empty spec leaves the table as is).
 
 Others: ``find``, ``find_or_insert``, ``insert_or_assign``, ``accum``, ``erase``,
-``apply_gradients``, ``restrict``.
+``apply_gradients``, ``restrict``, and the multi-table forms ``find_many``,
+``find_or_insert_many``, ``apply_gradients_many`` (one op for several tables, results equal to
+the per-table ops bit for bit; docs/tf.md "Multi-table ops").
 """
 
 from __future__ import annotations
@@ -138,6 +140,55 @@ def apply_gradients(table, keys, grads, learning_rate, step):
     return _ops.dualemb_apply_gradients(table, keys, grads,
                                         tf.cast(learning_rate, tf.float32),
                                         tf.cast(step, tf.int64))
+
+
+def _many(what: str, tables, *per_table) -> list:
+    """``tables`` as a list, checking that each of ``per_table`` has one entry per table."""
+    tables = list(tables)
+    if not tables:
+        raise ValueError(f"{what}: give at least one table")
+    for name, values in per_table:
+        if len(values) != len(tables):
+            raise ValueError(f"{what}: {len(tables)} tables but {len(values)} {name}")
+    return tables
+
+
+def find_many(tables, keys, dims, value_dtypes=None, insert_missing: bool = False):
+    """``find`` (or with ``insert_missing`` ``find_or_insert``) on several tables in one op:
+    ``[(values, exists)]`` (with ``insert_missing``: ``[(values, exists, evicted)]``), one per
+    table, equal to the per-table ops' bit for bit. ``keys[i]`` (one key dtype for all) are
+    table i's keys, ``dims[i]`` its dim, ``value_dtypes[i]`` its value dtype (default float32;
+    string-valued tables are refused). A bad input in any table raises
+    ``InvalidArgumentError`` naming the table ("table i of N") and changes no table."""
+    keys, dims = list(keys), [int(d) for d in dims]
+    value_dtypes = [tf.float32] * len(dims) if value_dtypes is None else list(value_dtypes)
+    tables = _many("find_many", tables, ("key tensors", keys), ("dims", dims),
+                   ("value dtypes", value_dtypes))
+    values, exists, evicted = _ops.dualemb_find_many(
+        tables, keys, dims=dims, insert_missing=insert_missing,
+        Tvalues=[tf.as_dtype(d) for d in value_dtypes])
+    if insert_missing:
+        return list(zip(values, exists, evicted))
+    return list(zip(values, exists))
+
+
+def find_or_insert_many(tables, keys, dims, value_dtypes=None):
+    """``find_many`` inserting missing keys: ``[(values, exists, evicted)]``."""
+    return find_many(tables, keys, dims, value_dtypes, insert_missing=True)
+
+
+def apply_gradients_many(tables, keys, grads, learning_rate, step):
+    """``apply_gradients`` on several tables in one op, one learning rate and step for all
+    (each table steps with its own attached optimizer): table i gets ``keys[i]`` and
+    ``grads[i]`` (float32, ``keys[i].shape + [dim]``). Returns the evicted counts, one per
+    table. Results equal the per-table ops' bit for bit; a bad input in any table raises
+    ``InvalidArgumentError`` naming the table and changes no table."""
+    keys, grads = list(keys), list(grads)
+    tables = _many("apply_gradients_many", tables, ("key tensors", keys),
+                   ("gradient tensors", grads))
+    return _ops.dualemb_apply_gradients_many(tables, keys, grads,
+                                             tf.cast(learning_rate, tf.float32),
+                                             tf.cast(step, tf.int64))
 
 
 def restrict(table, num_reserved, policy: str = "recency", keys=None, scores=None,

@@ -31,11 +31,13 @@ def compute_dtype(value_dtype) -> tf.DType:
     return tf.float32 if value_dtype in (tf.float16, tf.bfloat16) else value_dtype
 
 
-def lookup_rows(params, flat_keys, name, max_norm=None):
+def lookup_rows(params, flat_keys, name, max_norm=None, rows=None):
     """(rows [n, dim] of flat keys in ``compute_dtype(params.value_dtype)``, the
     TrainableWrapper they train or None). Integer rows carry no gradient route (nothing can
-    differentiate them)."""
-    rows, _ = params.router.find(flat_keys)
+    differentiate them). ``rows``: the rows already read (``lookup_many.py`` reads several
+    Variables' in one op); None reads them."""
+    if rows is None:
+        rows, _ = params.router.find(flat_keys)
     wrapper = None
     if params.trainable and modes.is_training() and params.value_dtype.is_floating:
         wrapper = params.trainable_wrapper(name or DEFAULT_NAME)

@@ -23,6 +23,7 @@ restores the Variable's rows.
 
 from __future__ import annotations
 
+import json
 import secrets
 import weakref
 
@@ -31,6 +32,16 @@ import tensorflow as tf
 from dualemb.core.spec import parse_description, to_spec
 from dualemb.tf import ops
 from dualemb.tf.saving import file_system
+
+
+def in_memory(shard) -> bool:
+    """Whether ``shard``'s table keeps its rows in this process (the core's "memory" backend,
+    the default), from its config; a Redis table (``"backend": "redis"``) does not."""
+    try:
+        config = json.loads(shard.config)
+    except (TypeError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("backend", "memory") == "memory"
 
 
 def host_device(device: str) -> str:

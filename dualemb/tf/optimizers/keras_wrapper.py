@@ -33,6 +33,7 @@ import tensorflow as tf
 from dualemb.tf.optimizers import legacy_wrapper as legacy_optimizer
 from dualemb.tf.optimizers import fused_specs as optimizer_specs
 from dualemb.tf import keras_adapter
+from dualemb.tf.optimizers import multi_table as multi_table_step
 from dualemb.tf.optimizers import row_update
 from dualemb.tf.trainable import is_trainable_wrapper
 
@@ -104,10 +105,14 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
     """A Keras 3 optimizer that trains dynamic embeddings in the core and everything else with
     ``inner_optimizer``; made by ``DynamicEmbeddingOptimizer(optimizer)``. It is a
     ``LossScaleOptimizer`` so that ``model.compile`` never wraps it in Keras' own (see the module
-    docstring); ``dynamic_loss_scale`` says whether it scales the loss."""
+    docstring); ``dynamic_loss_scale`` says whether it scales the loss. ``multi_table`` (default
+    True): one step updates the tables of several Variables with one multi-table op where they
+    allow it (``dualemb/tf/optimizers/multi_table.py``: the grouping rule; the results are those
+    of one op per table bit for bit); False gives every table its own op."""
 
     def __init__(self, inner_optimizer, bp_v2=False, dynamic_loss_scale=False,
-                 initial_scale=2.0 ** 15, dynamic_growth_steps=2000, name=None, **kwargs):
+                 initial_scale=2.0 ** 15, dynamic_growth_steps=2000, name=None,
+                 multi_table=True, **kwargs):
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}; set gradient options "
                             "(clipnorm, weight_decay, ...) on the wrapped optimizer")
@@ -120,6 +125,7 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
         self.dynamic_loss_scale = bool(dynamic_loss_scale)
         self.initial_scale = float(initial_scale)
         self.dynamic_growth_steps = int(dynamic_growth_steps)
+        self.multi_table = bool(multi_table)
 
     # ---- what Keras and users read --------------------------------------------------------------
     weight_decay = _forwarded("weight_decay")
@@ -221,6 +227,7 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
             "dynamic_loss_scale": self.dynamic_loss_scale,
             "initial_scale": self.initial_scale,
             "dynamic_growth_steps": self.dynamic_growth_steps,
+            "multi_table": self.multi_table,
         }
 
     @classmethod
@@ -311,7 +318,8 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
                 learning_rate = tf.cast(learning_rate, tf.float32)
             dense_grads = self._preprocess(groups, dense_grads, scale)
             for group in groups:
-                self._update_rows(group, learning_rate, step)
+                self._attach(group)
+            multi_table_step.fused_steps(groups, learning_rate, step, self.multi_table)
         if dense_vars:
             with _gradient_options_off(inner):
                 inner.apply(dense_grads, dense_vars)  # also increments iterations
@@ -354,13 +362,13 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
             return keras_adapter.clip_gradients(inner, dense_grads)
         return dense_grads
 
-    def _update_rows(self, group, learning_rate, step):
+    def _attach(self, group):
+        """Makes the wrapped optimizer (with weight decay where Keras would decay the Variable)
+        the fused optimizer of ``group``'s tables."""
         inner = self.inner_optimizer
-        params = group.params
         decay = (inner.weight_decay is not None
                  and keras_adapter.uses_weight_decay(inner, group.wrappers[0]))
-        row_update.attach(params, optimizer_specs.fused_spec(inner, decay), self)
-        row_update.fused_step(group, learning_rate, step)
+        row_update.attach(group.params, optimizer_specs.fused_spec(inner, decay), self)
 
 
 def _check_wrappable(optimizer) -> None:
@@ -373,7 +381,8 @@ def _check_wrappable(optimizer) -> None:
                                   "gradient_accumulation_steps")
 
 
-def DynamicEmbeddingOptimizer(optimizer=None, bp_v2=False, synchronous=False, **kwargs):
+def DynamicEmbeddingOptimizer(optimizer=None, bp_v2=False, synchronous=False, multi_table=True,
+                              **kwargs):
     """Wraps a Keras 3 optimizer so that it trains dynamic embeddings too (TFRA's name and
     arguments); the optimizer given is not changed. Returns a
     ``DynamicEmbeddingOptimizerWrapper`` (a ``keras.optimizers.Optimizer``).
@@ -386,6 +395,10 @@ def DynamicEmbeddingOptimizer(optimizer=None, bp_v2=False, synchronous=False, **
       bp_v2: accepted; the core's fused update is an atomic read-modify-write of each row, which
         is what bp_v2 (update by delta) protects in TFRA.
       synchronous: Horovod synchronous training is not supported (``NotImplementedError``).
+      multi_table: one step updates several Variables' tables with one multi-table op where
+        they allow it (same results bit for bit; docs/tf.md "Multi-table ops"); False: one op
+        per table. ``DUALEMB_TF_MULTI_TABLE=0`` in the environment turns it off for every
+        optimizer.
     """
     if optimizer is None:
         optimizer = kwargs.pop("self", None)
@@ -404,9 +417,10 @@ def DynamicEmbeddingOptimizer(optimizer=None, bp_v2=False, synchronous=False, **
         return DynamicEmbeddingOptimizerWrapper(
             optimizer.inner_optimizer, bp_v2=bp_v2, dynamic_loss_scale=True,
             initial_scale=optimizer.initial_scale,
-            dynamic_growth_steps=optimizer.dynamic_growth_steps)
+            dynamic_growth_steps=optimizer.dynamic_growth_steps, multi_table=multi_table)
     mixed = keras.config.dtype_policy().name == "mixed_float16"
-    return DynamicEmbeddingOptimizerWrapper(optimizer, bp_v2=bp_v2, dynamic_loss_scale=mixed)
+    return DynamicEmbeddingOptimizerWrapper(optimizer, bp_v2=bp_v2, dynamic_loss_scale=mixed,
+                                            multi_table=multi_table)
 
 
 def is_wrapped(optimizer) -> bool:

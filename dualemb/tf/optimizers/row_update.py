@@ -54,6 +54,14 @@ def fused_step(group: Group, learning_rate, step) -> None:
         return ops.apply_gradients(table_id, keys, grads, learning_rate, step)
 
     params.router.write(step_fn, group.keys, group.values)
+    after_step(group)
+
+
+def after_step(group: Group) -> None:
+    """What follows ``group``'s fused update (also when a multi-table op made it,
+    ``multi_table.py``): the restrict policy's bookkeeping, as TFRA's optimizer does every step,
+    and the refresh of a ShadowVariable's kept rows."""
+    params = group.params
     if params.restrict_policy is not None:
         params.restrict_policy.apply_update(group.keys)
     for wrapper in {id(w): w for w in group.wrappers}.values():
