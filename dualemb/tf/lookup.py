@@ -18,6 +18,12 @@ from dualemb.tf.row_lookup import dense_ids, finish, lookup_ids, lookup_rows, re
 from dualemb.tf.shadow_variable import ShadowVariable
 from dualemb.tf.variable import Variable
 
+# Inside a tf.function, autograph would convert these functions and everything they call (seconds
+# per trace: about 4 s for one embedding_lookup, 10 s with return_trainable, on a 2-core machine).
+# Their Python control flow is over Python objects and static shapes, never over tensors, so they
+# run as plain Python while the function is traced.
+_not_converted = tf.autograph.experimental.do_not_convert
+
 COMBINERS = ("sum", "mean", "sqrtn")
 
 
@@ -41,6 +47,7 @@ def _check_combiner(combiner):
         raise ValueError(f"combiner must be one of {COMBINERS}, got {combiner!r}")
 
 
+@_not_converted
 def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_indices=None,
                      max_norm=None, return_trainable=False):
     """Rows of ``ids`` (any shape, dtype ``params.key_dtype``; a RaggedTensor gives a
@@ -52,6 +59,7 @@ def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_i
                       return_trainable=return_trainable)
 
 
+@_not_converted
 def embedding_lookup_unique(params, ids, partition_strategy=None, name=None,
                             validate_indices=None, max_norm=None, return_trainable=False):
     """Like ``embedding_lookup``, but each distinct id is read once (``tf.unique``), then
@@ -120,6 +128,7 @@ def _check_weights(sp_ids, sp_weights, what):
     return sp_weights
 
 
+@_not_converted
 def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None,
                             name="embedding_lookup_sparse", combiner="mean", max_norm=None,
                             return_trainable=False):
@@ -135,6 +144,7 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None,
     return finish(params, out, wrapper, name, return_trainable)
 
 
+@_not_converted
 def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=None,
                                  combiner="mean", default_id=None,
                                  name="safe_embedding_lookup_sparse", partition_strategy=None,

@@ -74,6 +74,11 @@ def _as_dtype(dtype, allowed, what):
     return dt
 
 
+# Inside a tf.function autograph would convert these methods and all they call (over a second per
+# trace on a 2-core machine); their Python control flow is over Python objects, never tensors.
+_not_converted = tf.autograph.experimental.do_not_convert
+
+
 class Variable(tf.__internal__.tracking.AutoTrackable):
     """A dynamic embedding variable: a hash table from keys to trainable ``dim``-vectors, split
     over ``len(devices)`` core tables. Same arguments and defaults as TFRA's ``Variable``.
@@ -324,6 +329,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         return rows
 
     # ---- TFRA API -------------------------------------------------------------------------------
+    @_not_converted
     def lookup(self, keys, return_exists=False, name=None):
         """Rows of ``keys`` (any shape) -> ``keys.shape + [dim]``; missing keys read as their
         initializer row and are **not** inserted. With ``return_exists``, also a bool tensor of
@@ -337,6 +343,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             exists = tf.reshape(exists, tf.shape(keys))
         return (rows, exists) if return_exists else rows
 
+    @_not_converted
     def upsert(self, keys, values, name=None):
         """Inserts or overwrites the rows of ``keys`` (values: keys.shape + [dim]). Returns how
         many keys a capacity limit evicted (int64 scalar, summed over the shards)."""
@@ -348,6 +355,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
                                self._flat_rows(values, keys, "values"))
         return tf.add_n(out)
 
+    @_not_converted
     def accum(self, keys, old_values, new_values, exists, name=None):
         """bp_v2 update: per key, delta = new - old where ``exists`` else new; then a key absent
         with exists False is inserted with new, a present key with exists True gets += delta,
@@ -396,17 +404,20 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         parts = [Table.attach(shard.table_id).take_evicted() for shard in self._tables]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
+    @_not_converted
     def remove(self, keys, name=None):
         """Erases ``keys`` (absent keys are ignored) with their slots."""
         keys = self._router.check_keys(keys)
         out = self._router.write(ops.erase, self._flat(keys))
         return out[0] if len(out) == 1 else tf.group(out)
 
+    @_not_converted
     def clear(self, name=None):
         """Removes every key."""
         out = [ops.clear_table(t.resource) for t in self._tables]
         return out[0] if len(out) == 1 else tf.group(out)
 
+    @_not_converted
     def size(self, index=None, name=None):
         """Number of keys (int64): all shards, or shard ``index``."""
         if index is not None:
@@ -416,6 +427,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         sizes = [ops.table_size(t.resource) for t in self._tables]
         return sizes[0] if len(sizes) == 1 else tf.add_n(sizes)
 
+    @_not_converted
     def export(self, name=None):
         """(keys [n], values [n, dim]) of every shard, concatenated (order unspecified)."""
         pages = [ops.export_table(t.resource, self._key_dtype, self._dim, self._value_dtype)
@@ -424,6 +436,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         values = tf.concat([p["values"] for p in pages], 0)
         return keys, values
 
+    @_not_converted
     def restrict(self, num_reserved, **kwargs):
         """Keeps about ``num_reserved`` keys by the restrict policy (``trigger=`` the size above
         which to act). Warns and returns None without a policy, as TFRA."""
@@ -457,6 +470,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
             self._trainable_store[name] = wrapper
         return wrapper
 
+    @_not_converted
     def embedding_lookup(self, ids, name=None, max_norm=None, return_trainable=False):
         """``de.embedding_lookup(self, ids, ...)``."""
         return lookup_ids(self, ids, name=name, max_norm=max_norm,
