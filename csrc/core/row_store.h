@@ -45,6 +45,12 @@ inline uint32_t change_gen(const RowMeta& m) { return m.unused & kChangeGenMask;
 inline void set_change_gen(RowMeta& m, uint32_t gen) {
   m.unused = (m.unused & ~kChangeGenMask) | (gen & kChangeGenMask);
 }
+// What an optimizer step leaves in `unused`: the generation and the stepped mark, the same bits
+// as set_change_gen(m, gen) then m.set_stepped(true), written as one store instead of two
+// read-modify-writes (the fused step's per-row loop runs this for every distinct key).
+inline void set_change_gen_stepped(RowMeta& m, uint32_t gen) {
+  m.unused = (gen & kChangeGenMask) | RowMeta::kSteppedBit;
+}
 
 class RowStore {
  public:

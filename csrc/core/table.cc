@@ -19,6 +19,9 @@ namespace dualemb {
 namespace {
 
 constexpr int64_t kReadTask = 4096;      // keys per task of a parallel read
+// apply_gradients keeps its per-shard work buffers between calls up to this many bytes per table
+// (a 4,096-key batch at dim 64 needs ~1.3 MiB, most of it reserved for repeated keys' sums).
+constexpr size_t kKeptStepScratchBytes = size_t{4} << 20;
 // A batch runs on the calling thread alone unless keys x (dim + 16) reaches this.
 // Waking the pool's helpers costs ~50-100 us per parallel phase (apply_gradients has two), which
 // a small batch does not win back: measured on 2 cores, a 4,096-key Adam step at dim 16 took
@@ -476,46 +479,50 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
   group_by_shard(keys, n, &g);
   // Per shard: the distinct keys' rows and gradients. A gradient is read in place unless its key
   // repeats, in which case the sum is built in `summed` (reserved for as many sums as the shard
-  // has keys, so it never reallocates). All of it is allocated before any row changes.
-  struct Distinct {
-    int64_t row;
-    const float* grad;  // the key's gradient in `grads` (read in place while it does not repeat)
-    int64_t sum_at;     // offset of its sum in `summed`, or -1
-  };
-  struct Work {
-    std::unique_ptr<DedupMap> dedup;
-    // One entry per distinct key, `count` of them. Sized for every key of the shard up front and
-    // written with plain stores: the per-key loop has no capacity checks or out-of-line
-    // push_back calls (which GCC stopped inlining once this function grew, costing ~20
-    // instructions per key).
-    std::unique_ptr<Distinct[]> distinct;
-    int64_t count = 0;
-    std::vector<float> summed;
-    std::vector<float> widened;   // float16/bfloat16 tables: one row and its slots as float32
-    bool ready = false;           // dedup initialised
-  };
-  std::vector<Work> work(kNumShards);
+  // has keys, so it never reallocates). All of it is allocated before any row changes, into the
+  // table's step scratch (table.h), which keeps its buffers between calls while they are small.
+  // The distinct entries are written with plain stores: the per-key loop has no capacity checks
+  // or out-of-line push_back calls (which GCC stopped inlining once this function grew, costing
+  // ~20 instructions per key).
+  using Work = StepScratch;
+  using Distinct = StepDistinct;
+  std::vector<Work>& work = step_scratch_;
+  if (work.size() != static_cast<size_t>(kNumShards)) work.resize(kNumShards);
   const bool widen = value_dtype_ != DE_VALUE_FLOAT32;
-  for_each_shard(g, [&](int si) {
-    const int64_t cnt = g.start[si + 1] - g.start[si];
-    Work& w = work[si];
-    w.dedup.reset(new DedupMap(cnt));
-    w.distinct.reset(new Distinct[cnt]);  // default-initialised: not written until used
-    w.summed.reserve(static_cast<size_t>(cnt) * dim_);  // untouched until a key repeats
-    if (widen) w.widened.resize(static_cast<size_t>(width()));
-  });
+  // Buffers kept from an earlier call are released if this one throws before any row changes
+  // (bad_alloc: the scratch is then in no state worth keeping).
+  try {
+    for_each_shard(g, [&](int si) {
+      const int64_t cnt = g.start[si + 1] - g.start[si];
+      Work& w = work[si];
+      w.dedup.reserve(cnt);
+      if (cnt > w.distinct_cap) {
+        w.distinct_cap = 0;
+        w.distinct.reset(new Distinct[cnt]);  // default-initialised: not written until used
+        w.distinct_cap = cnt;
+      }
+      w.count = 0;
+      w.ready = false;
+      w.summed.clear();
+      w.summed.reserve(static_cast<size_t>(cnt) * dim_);  // untouched until a key repeats
+      if (widen) w.widened.resize(static_cast<size_t>(width()));
+    });
+  } catch (...) {
+    StepScratches().swap(step_scratch_);
+    throw;
+  }
   prepare_inserts(g, n);
   const int64_t stamp = ++clock_;
   const uint32_t gen = changes_.write_gen;
   auto dedup = [&](int si, Shard& s, int64_t i, uint64_t h, int64_t r) {
     Work& w = work[si];
     if (!w.ready) {
-      w.dedup->init();
+      w.dedup.init();
       w.ready = true;
     }
     const float* gi = grads + i * dim_;
     bool fresh = false;
-    const int64_t u = w.dedup->get(keys[i], h, w.count, &fresh);
+    const int64_t u = w.dedup.get(keys[i], h, w.count, &fresh);
     if (fresh) {
       if (r < 0) {
         r = insert_new(s, keys[i], h, stamp);
@@ -549,9 +556,9 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
         opt.apply(row, row + dim_, d.sum_at < 0 ? d.grad : summed + d.sum_at, dim_, args);
         RowMeta& meta = s.rows.meta(d.row);
         meta.last_update = stamp;
-        set_change_gen(meta, gen);
         bump_count(meta.count);
-        meta.set_stepped(true);  // also for an all-zero gradient: TFRA writes its slots too
+        // Stepped also for an all-zero gradient: TFRA writes its slots too.
+        set_change_gen_stepped(meta, gen);
       }
     } else {
       const int64_t width = s.rows.width();
@@ -564,14 +571,18 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
         floats_to_values(value_dtype_, scratch, row, width);
         RowMeta& meta = s.rows.meta(d.row);
         meta.last_update = stamp;
-        set_change_gen(meta, gen);
         bump_count(meta.count);
-        meta.set_stepped(true);  // also for an all-zero gradient: TFRA writes its slots too
+        // Stepped also for an all-zero gradient: TFRA writes its slots too.
+        set_change_gen_stepped(meta, gen);
       }
     }
-    w = Work();
   };
   for_each_key(g, keys, dedup, update);
+  // Keep the buffers for the next call unless a large batch made them big (a model holds many
+  // tables; a large batch's allocations are few per key anyway).
+  size_t kept = 0;
+  for (const Work& w : work) kept += w.bytes();
+  if (kept > kKeptStepScratchBytes) StepScratches().swap(step_scratch_);
   return enforce_capacity();
 }
 

@@ -119,6 +119,35 @@ void duplicates_sum_in_batch_order() {
                        sizeof(float) * dim) == 0);  // bit for bit
 }
 
+// One DedupMap kept across batches of different sizes (as the table's step scratch keeps it):
+// every batch gets the first-occurrence indexes a fresh std::map gives, whatever earlier batches
+// left in its slots (emptied by generation, not cleared).
+void dedup_map_reused_across_batches() {
+  std::mt19937_64 rng(7);
+  dualemb::DedupMap map;
+  for (int64_t n : {1000, 10, 3000, 1, 0, 500, 2999}) {
+    map.reserve(n);
+    map.init();
+    std::map<int64_t, int64_t> want;
+    int64_t groups = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t key = static_cast<int64_t>(rng() % 700);  // repeats within a batch
+      bool fresh = false;
+      const int64_t got = map.get(key, dualemb::hash_key(key), groups, &fresh);
+      auto it = want.find(key);
+      XCHECK(fresh == (it == want.end()));
+      if (fresh) {
+        want[key] = groups;
+        XCHECK(got == groups);
+        ++groups;
+      } else {
+        XCHECK(got == it->second);
+      }
+    }
+    XCHECK(groups == static_cast<int64_t>(want.size()));
+  }
+}
+
 void row_rules() {
   using dualemb::AccumAction;
   XCHECK(dualemb::accum_action(false, false) == AccumAction::kInsert);
@@ -150,6 +179,7 @@ int run_semantics_tests() {
   restrict_cut_keeps_the_best();
   restrict_scorer_reads_the_policy();
   duplicates_sum_in_batch_order();
+  dedup_map_reused_across_batches();
   row_rules();
   return g_semantics_failures;
 }
