@@ -20,3 +20,19 @@ def assert_same(a, b):
     for k in a:
         assert a[k].dtype == b[k].dtype, k
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+ROW_FIELDS = ("values", "slots", "last_update", "update_count")
+
+
+def rows_by_key(tables, fields=ROW_FIELDS):
+    """{key: (the row's fields: arrays as bytes, metadata as int / bool)} over every shard; a key
+    in two shards fails."""
+    out = {}
+    for t in tables if isinstance(tables, (list, tuple)) else [tables]:
+        p = t.export()
+        for i, k in enumerate(p["keys"].tolist()):
+            assert k not in out, f"key {k} in two shards"
+            out[k] = tuple(p[f][i].tobytes() if p[f].ndim > 1 else p[f][i].item()
+                           for f in fields)
+    return out

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import _numpy_shard_reader as shard_reader  # noqa: E402  (tests/ helper)
+from table_rows import rows_by_key  # noqa: E402  (tests/ helper)
 from dualemb.core import Table, checkpoint
 from dualemb.core.checkpoint import CheckpointError
 
@@ -17,14 +18,7 @@ ADAM = {"name": "adam", "flavor": "keras"}
 
 def state(tables):
     """{key: (value bytes, slots bytes, last_update, update_count)} over live shards."""
-    out = {}
-    for t in tables if isinstance(tables, list) else [tables]:
-        p = t.export()
-        for i, k in enumerate(p["keys"].tolist()):
-            assert k not in out
-            out[k] = (p["values"][i].tobytes(), p["slots"][i].tobytes(),
-                      int(p["last_update"][i]), int(p["update_count"][i]))
-    return out
+    return rows_by_key(tables)
 
 
 def train(t, rng, keys, step):

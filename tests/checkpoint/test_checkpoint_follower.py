@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from table_rows import ROW_FIELDS, rows_by_key  # noqa: E402  (tests/ helper)
 from dualemb.core import Table, checkpoint
 from dualemb.core.checkpoint import CheckpointError
 
@@ -19,14 +20,7 @@ ADAM = {"name": "adam", "flavor": "keras"}
 
 def state(tables):
     """{key: (value bytes, slots bytes, last_update, update_count, stepped)} over live shards."""
-    out = {}
-    for t in tables if isinstance(tables, list) else [tables]:
-        p = t.export()
-        for i, k in enumerate(p["keys"].tolist()):
-            assert k not in out
-            out[k] = (p["values"][i].tobytes(), p["slots"][i].tobytes(),
-                      int(p["last_update"][i]), int(p["update_count"][i]), bool(p["stepped"][i]))
-    return out
+    return rows_by_key(tables, ROW_FIELDS + ("stepped",))
 
 
 def train_step(t, rng, step):

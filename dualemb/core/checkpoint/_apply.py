@@ -142,22 +142,14 @@ def apply(path, tables: Mapping, *, partitioner=None) -> Applied:
         except BaseException:
             # Part way (out of memory): the tables hold no checkpoint now. Labelled with none,
             # so no delta applies on top; the next full checkpoint repairs them.
-            for job in jobs:
-                for t in job.live:
-                    token = t.changes_begin()
-                    if token:
-                        t.changes_commit(token, "")
+            _load.label_tables(jobs, "")
             raise
     finally:
         pool.shutdown(wait=True)
         for job in jobs:
             job.close()
     # The tables now hold this checkpoint: the next delta applies on top of it.
-    for job in jobs:
-        for t in job.live:
-            token = t.changes_begin()
-            if token:
-                t.changes_commit(token, digest)
+    _load.label_tables(jobs, digest)
     return Applied(path=root, digest=digest, delta=delta,
                    steps={job.name: job.entry["step"] for job in jobs})
 

@@ -558,11 +558,7 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
             job.close()
 
     # The tables now hold this checkpoint: a later delta on it holds the rows written from here.
-    for job in jobs:
-        for t in job.live:
-            token = t.changes_begin() if hasattr(t, "changes_begin") else 0
-            if token:
-                t.changes_commit(token, digest)
+    label_tables(jobs, digest)
     out_tables = {job.name: (job.live[0] if job.single else list(job.live)) for job in jobs}
     if tables is not None:
         for job in jobs:
@@ -571,3 +567,14 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
     return Checkpoint(path=root, manifest=manifest, tables=out_tables,
                       steps={job.name: job.entry["step"] for job in jobs},
                       dense=dense, metadata=manifest.get("metadata", {}))
+
+
+def label_tables(jobs, digest: str) -> None:
+    """Labels every live table of ``jobs`` as holding the checkpoint ``digest`` (its manifest's
+    SHA-256; "" for none, after a part-way failure): the change tracking then counts the rows
+    written from here, and a delta applies only on top of that checkpoint."""
+    for job in jobs:
+        for t in job.live:
+            token = t.changes_begin() if hasattr(t, "changes_begin") else 0
+            if token:
+                t.changes_commit(token, digest)
