@@ -102,6 +102,9 @@ def library():
                 return lib
             except OSError as e:
                 _load_error = f"cannot load {path}: {e}"
+            except AttributeError as e:  # a library from an older build lacks a function
+                _load_error = (f"{path} is stale ({e}): it is not the build of this dualemb; "
+                               "rebuild dualemb")
     raise RuntimeError(_load_error)
 
 
