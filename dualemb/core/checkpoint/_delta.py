@@ -21,7 +21,7 @@ from dualemb.core.checkpoint import _fs, _manifest
 from dualemb.core.checkpoint import _string_keys as _skeys
 from dualemb.core.checkpoint._commit import commit, single_process
 from dualemb.core.checkpoint._manifest import DELTA_VERSION, CheckpointError, dumps
-from dualemb.core.checkpoint._parts import merge
+from dualemb.core.checkpoint._part_records import merge
 from dualemb.core.checkpoint._safetensors import Reader, Writer
 from dualemb.core.checkpoint._write import describe, workers, write_shard
 
