@@ -23,9 +23,16 @@ checksums of every shard) before any live table is written.
 The manager's own policies work on these items as on any other: ``max_to_keep`` (older step
 directories, tables included, are deleted), ``best_fn`` / ``best_mode`` with
 ``mngr.save(step, metrics=...)`` (keeps the best N by a metric, ``mngr.best_step()``),
-``save_interval_steps`` / ``should_save``. The save is synchronous (it returns once the rows are
-on disk). For a save that does not stop training, ``dualemb.jax.save(..., blocking=False)``
-writes a snapshot of the tables in the background (docs/online_learning.md).
+``save_interval_steps`` / ``should_save``.
+
+Async checkpointing (the manager's default, ``enable_async_checkpointing=True``): the handler is
+an ``AsyncCheckpointHandler``. ``mngr.save`` copies the tables during the call (``Table.clone()``
+of each, after their pending writes: the state as of the call, as Orbax snapshots arrays to host
+memory) and returns; a dualemb background save (``dualemb.core.checkpoint``'s, one at a time per
+process) writes the copies once Orbax has created the step's directory, and the commit future
+Orbax waits on (``wait_until_finished``, the next save) ends when they are published, raising
+the save's error if it failed, so Orbax never finalizes a step without its tables. With async
+checkpointing off the same path runs, and the save returns once the rows are on disk.
 
 A table whose fused optimizer has an injected learning rate
 (``dualemb.jax.optimizers.inject_hyperparams``) has its current value saved beside it and set
@@ -34,19 +41,28 @@ again on restore (the generic path's injected hyper-parameters are part of its s
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from typing import Any, Mapping, Optional
+import threading
+from typing import Any, List, Mapping, Optional
 
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from dualemb.core.checkpoint import CheckpointError
+from dualemb.core.checkpoint import _background
+from dualemb.core.checkpoint import _save as _core_save
+from dualemb.core.checkpoint._manifest import dumps
 from dualemb.jax import checkpoint as _ck
 from dualemb.jax import optimizers as _opts
 from dualemb.jax.table import Table
 
 SUBDIR = "dualemb"
 INJECTED_KEY = "dualemb.jax.injected_learning_rates"  # in the checkpoint's metadata
+# How long an async save's copies wait for Orbax to create the step directory before the save
+# fails (Orbax creates it on a thread of its own right after the save call).
+DIRECTORY_TIMEOUT_S = 600.0
 
 
 def _injected_rates(tables: Mapping[str, Table]) -> dict:
@@ -59,16 +75,52 @@ def _injected_rates(tables: Mapping[str, Table]) -> dict:
     return out
 
 
-class TablesCheckpointHandler(ocp.CheckpointHandler):
-    """Writes / reads a mapping name -> :class:`dualemb.jax.Table` (synchronously: the rows
-    live outside JAX, in the core; the save waits for pending writes, then pages them out)."""
+def _write_tables(path: str, tables: dict, steps: dict, metadata: dict) -> None:
+    """Writes the (copied) core tables: the one writer of both the sync and the async save."""
+    _core_save.save(path, tables, steps=steps, metadata=metadata)
 
-    def save(self, directory: epath.Path, args: "TablesSave"):
+
+class TablesCheckpointHandler(ocp.AsyncCheckpointHandler):
+    """Writes / reads a mapping name -> :class:`dualemb.jax.Table`. The rows live outside JAX,
+    in the core: a save waits for pending writes, copies the tables, and writes the copies in
+    the background (see the module docstring)."""
+
+    def _collect(self, directory: epath.Path, args: "TablesSave"):
         metadata = dict(args.metadata or {})
         injected = _injected_rates(args.tables)
         if injected:
             metadata[INJECTED_KEY] = injected
-        _ck.save(args.tables, str(epath.Path(directory) / SUBDIR), metadata=metadata)
+        core, steps, meta = _ck.collect(args.tables)
+        metadata[_ck.META_KEY] = meta
+        dumps({"metadata": metadata})  # not JSON: fail in the call, not in the background
+        return str(epath.Path(directory) / SUBDIR), core, steps, metadata
+
+    def save(self, directory: epath.Path, args: "TablesSave"):
+        path, core, steps, metadata = self._collect(directory, args)
+        with _background._turn:  # after this process's background save, as every save
+            _background.wait_running()
+            _write_tables(path, core, steps, metadata)
+
+    async def async_save(self, directory: epath.Path, args: "TablesSave"
+                         ) -> Optional[List[Any]]:
+        path, core, steps, metadata = self._collect(directory, args)
+        created = threading.Event()  # set by the commit future: Orbax made the directory
+
+        def write(copies: dict) -> None:  # background thread, over the copies
+            if not created.wait(DIRECTORY_TIMEOUT_S):
+                raise CheckpointError(f"{path}: Orbax did not create the step directory within "
+                                      f"{DIRECTORY_TIMEOUT_S:.0f} s; the tables were not saved")
+            _write_tables(path, copies, steps, metadata)
+
+        handle = _background.start(path, core, write)  # copies taken here, in the call
+
+        async def commit() -> None:
+            created.set()
+            await asyncio.to_thread(handle.wait)  # raises the save's error: no step without it
+
+        # Runs ``commit`` once Orbax signals that the step's directories exist.
+        return [ocp.future.CommitFutureAwaitingContractedSignals(
+            commit(), name="dualemb-tables-save")]
 
     def restore(self, directory: epath.Path, args: Optional["TablesRestore"] = None
                 ) -> dict:

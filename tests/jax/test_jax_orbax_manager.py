@@ -1,9 +1,13 @@
 """Orbax CheckpointManager policies on dualemb tables: keep the last N, keep the best N by a
-metric, and an injected learning rate carried through a save and restore.
+metric, an injected learning rate carried through a save and restore, and async checkpointing
+(the save returns while the tables are written; they hold the state of the save call; a failed
+table write fails the step instead of finalizing it without its tables).
 
 The reference for each restored step is a numpy snapshot of the table taken right after that
 step (rows and optimizer slots of every id, sorted by id), compared exactly.
 """
+
+import threading
 
 import jax
 import numpy as np
@@ -117,3 +121,59 @@ def test_an_injected_learning_rate_is_saved_and_set_again_on_restore(tmp_path):
     _assert_same(_snapshot(t), _snapshot(table))
     for x in (table, fresh):
         dej.destroy(x)
+
+
+def _held_writer(monkeypatch, fail=None):
+    """Makes the handler's table writer wait until the returned event is set (then write, or
+    raise ``fail``); ``started`` is set when the writer is reached."""
+    started, release = threading.Event(), threading.Event()
+    write = deo._write_tables
+
+    def held(*args, **kwargs):
+        started.set()
+        assert release.wait(60), "the held table write was never released"
+        if fail is not None:
+            raise fail
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(deo, "_write_tables", held)
+    return started, release
+
+
+def test_async_save_returns_at_once_and_writes_the_tables_as_of_the_call(tmp_path, monkeypatch):
+    table = dej.create(DIM, initializer=dej.initializers.normal(0.0, 0.1, seed=3),
+                       optimizer=dej.optimizers.adam(0.1))
+    step_fn = jax.jit(dej.apply_gradients)
+    table = _train(table, step_fn, 1)
+    at_save = _snapshot(table)
+    started, release = _held_writer(monkeypatch)
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=True)
+    with ocp.CheckpointManager(tmp_path / "async", options=options) as mngr:
+        _save(mngr, 1, table, {"w": np.ones((2,), np.float32)})  # returns: the write is held
+        for step in (2, 3):  # training goes on while the save is in flight
+            table = _train(table, step_fn, step)
+        assert started.wait(60)
+        assert not (tmp_path / "async" / "1").exists()  # not finalized without its tables
+        release.set()
+        mngr.wait_until_finished()
+        assert mngr.all_steps() == [1] and (tmp_path / "async" / "1").is_dir()
+        live = dej.create(DIM, optimizer=dej.optimizers.adam(0.1))
+        restored = _restore(mngr, 1, live, {"w": np.zeros((2,), np.float32)})
+    _assert_same(_snapshot(restored.tables["emb"]), at_save)
+    assert not np.array_equal(_snapshot(table)[1], at_save[1])  # the live table moved on
+    for x in (table, live):
+        dej.destroy(x)
+
+
+def test_a_failed_async_table_write_fails_the_step(tmp_path, monkeypatch):
+    table = dej.create(DIM, optimizer=dej.optimizers.adagrad(0.1))
+    table = _train(table, jax.jit(dej.apply_gradients), 1)
+    _, release = _held_writer(monkeypatch, fail=OSError("disk full (injected)"))
+    release.set()
+    options = ocp.CheckpointManagerOptions(enable_async_checkpointing=True)
+    with ocp.CheckpointManager(tmp_path / "fail", options=options) as mngr:
+        _save(mngr, 1, table, {"w": np.ones((2,), np.float32)})
+        with pytest.raises(Exception, match="disk full"):
+            mngr.wait_until_finished()
+        assert not (tmp_path / "fail" / "1").exists()
+    dej.destroy(table)
