@@ -9,6 +9,11 @@ ordinary checkpoint with N shards routed by ``dualemb.core.routing.shard_of``, s
 any number of processes (:func:`load`), into one (``dualemb.jax.load``) and into ``dualemb.tf``
 (any shard count), optimizer slots and step included. The directory must be on a filesystem
 every process sees (one machine, or a shared mount).
+
+Deltas (``base=``) go through the same protocol (``parts.save(..., base=)``, each process its
+shards' changed rows and its share of the tombstones); a background save (``blocking=False``)
+runs it on a background thread over copies of the shards, synchronised through the
+distributed key-value store instead of the all-gather (``_kv_sync`` says why).
 """
 
 from __future__ import annotations
@@ -20,11 +25,17 @@ import numpy as np
 
 from dualemb.core import checkpoint as _ckpt
 from dualemb.core.checkpoint import CheckpointError
+from dualemb.core.checkpoint import _background
 from dualemb.core.checkpoint import load as _core_load
 from dualemb.core.table import Table as CoreTable
-from dualemb.jax import _values
+from dualemb.jax import _kv_sync, _values
 from dualemb.jax import optimizers as _opts
 from dualemb.jax.checkpoint import DEFAULT_NAME, META_KEY, _resolve_optimizer, only_table_name
+
+
+# How long a background save's round waits for the other processes (each process writes its
+# shards between two rounds, so this bounds the slowest writer's share too).
+BACKGROUND_SYNC_TIMEOUT_S = 1800.0
 
 
 def _all_sum(tag: str, values) -> list:
@@ -47,16 +58,49 @@ def _metadata(table, name: str) -> dict:
         "dualemb.jax.sharded": {name: {"num_shards": table.num_shards, "axis": str(table.axis)}}}
 
 
-def save(table, path, *, name: str = DEFAULT_NAME, page_rows: int = 1 << 16) -> None:
+def save(table, path, *, name: str = DEFAULT_NAME, page_rows: int = 1 << 16, base=None,
+         blocking: bool = True, sync_timeout_s: float = BACKGROUND_SYNC_TIMEOUT_S):
     """Saves a :class:`~dualemb.jax.sharded.ShardedTable` as table ``name`` of a checkpoint at
-    ``path`` (every process calls it; see the module docstring). Waits for pending writes."""
+    ``path`` (every process calls it, in the same order; see the module docstring). Waits for
+    pending writes, and for this process's background save if one runs.
+
+    ``base``: writes a delta on that checkpoint (docs/checkpoint_format.md §10): each process
+    the rows its shards wrote since, and the tombstones of the base's keys its shards no longer
+    hold; the table must have been saved to or loaded from ``base`` last. Every published save
+    marks the shards, so a delta can follow any save.
+
+    ``blocking=False``: each process copies its shards now (``Table.clone()``, the state as of
+    this call), returns a ``dualemb.core.checkpoint.SaveHandle`` at once and writes the copy on
+    a background thread while training goes on. Its rounds of the commit protocol go through
+    jax.distributed's key-value store (``_kv_sync``), never through an XLA collective, so they
+    cannot interleave with the training steps' collectives. ``sync_timeout_s`` bounds each
+    round's wait for the other processes. A failure or ``cancel()`` in one process fails the
+    save in all (``wait()`` raises), and nothing is published."""
+    if not isinstance(blocking, bool):
+        raise TypeError(f"blocking must be True or False, got {blocking!r}")
     local = table.local_tables()  # blocks on the versions
     step = int(next(iter(local.values())).step) if local else 0
-    _ckpt.parts.save(
-        path, lambda: {name: [(d, CoreTable.attach(t.id)) for d, t in sorted(local.items())]},
-        names=[name], sync=_all_sum, part=jax.process_index(), num_parts=jax.process_count(),
-        coordinator=jax.process_index() == 0, steps=step, metadata=_metadata(table, name),
-        page_rows=page_rows)
+    indices = sorted(local)
+    cores = [CoreTable.attach(local[d].id) for d in indices]
+    options = dict(names=[name], part=jax.process_index(), num_parts=jax.process_count(),
+                   coordinator=jax.process_index() == 0, steps=step,
+                   metadata=_metadata(table, name), page_rows=page_rows, base=base,
+                   num_shards={name: table.num_shards}, mark_changes=True)
+    if blocking:
+        with _background._turn:  # after this process's background save, like checkpoint.save
+            _background.wait_running()
+            _ckpt.parts.save(path, lambda: {name: list(zip(indices, cores))}, sync=_all_sum,
+                             **options)
+        return None
+    sync = _ckpt.parts.single_process if jax.process_count() == 1 else \
+        _kv_sync.KeyValueSync(path, sync_timeout_s)
+
+    def write(copies: dict) -> None:  # on the background thread, over the copies
+        _ckpt.parts.save(path, {name: list(zip(indices, copies[name]))}, sync=sync, **options)
+        if sync is not _ckpt.parts.single_process:
+            sync.close()
+
+    return _background.start(str(path), {name: cores}, write)
 
 
 def load(path, mesh, axis: str, build, *, name: str | None = None, optimizer=None,

@@ -439,11 +439,17 @@ def apply_gradients_replicated(table: Table, ids, grads, *, mesh: Mesh,
     return table.replace(version=version, step=table.step + 1)
 
 
-def save(table: ShardedTable, path, *, name: str = "table", page_rows: int = 1 << 16) -> None:
-    """Saves the table as ONE checkpoint in the common format (every process calls it: each
-    writes its shards, process 0 the manifest). See :mod:`dualemb.jax._sharded_checkpoint`."""
+def save(table: ShardedTable, path, *, name: str = "table", page_rows: int = 1 << 16,
+         base=None, blocking: bool = True, sync_timeout_s: float = 1800.0):
+    """Saves the table as ONE checkpoint in the common format (every process calls it, in the
+    same order: each writes its shards, process 0 the manifest). ``base``: a delta on that
+    checkpoint (the rows written since, and tombstones; the table was last saved to or loaded
+    from it). ``blocking=False``: copies this process's shards now and writes them in the
+    background; returns a ``dualemb.core.checkpoint.SaveHandle`` (``wait()``, ``cancel()``).
+    See :mod:`dualemb.jax._sharded_checkpoint`."""
     from dualemb.jax import _sharded_checkpoint
-    _sharded_checkpoint.save(table, path, name=name, page_rows=page_rows)
+    return _sharded_checkpoint.save(table, path, name=name, page_rows=page_rows, base=base,
+                                    blocking=blocking, sync_timeout_s=sync_timeout_s)
 
 
 def load(path, mesh: Mesh, *, name: str | None = None, axis: str | None = None,

@@ -40,6 +40,12 @@ def parse():
                    help="process 0 stops in the save once every shard file is written (before "
                         "the manifest), creates this file and waits to be killed")
     p.add_argument("--callback", action="store_true", help="force the host-callback path")
+    p.add_argument("--online", default="",
+                   help="after the run (its state written), continue online into this "
+                        "directory: a full base save, 5 deltas (erases, capacity evictions, "
+                        "restricts between them; the third in the background while training "
+                        "goes on) and a full save at the last step; see online()")
+    p.add_argument("--table-capacity", type=int, default=0, help="rows per shard (0: none)")
     return p.parse_args()
 
 
@@ -56,6 +62,89 @@ def batches(args, num_devices):
         ids = (ids.astype(np.int64) - 100) * (2**33 + 1)  # negative and above 2**32 too
         y = rng.normal(size=(args.batch,)).astype(np.float32)
         yield ids.reshape(args.batch, BAG), y
+
+
+def export_state(tables, path):
+    """Every row of this process's shards (all export fields) into the .npz `path`."""
+    import numpy as np
+    pages = [t.core().export() for _, t in sorted(tables.items())]
+    np.savez(path, **{f: np.concatenate([p[f] for p in pages]) for f in pages[0]})
+
+
+def online(args, table, train, n):
+    """Online learning into args.online (tests/jax/test_jax_multiprocess.py checks it): a full
+    base save, then five deltas, each on the last, with the table changed between them by
+    training, erases, capacity evictions (batches over more ids than the capacity holds) and
+    restricts; the third delta is saved in the background while two more steps train (its write
+    is held until they ran, so it must hold the state of its call); a full save at the end, at
+    the step of the last delta. Writes bg-state<i>.npz (the state at the background call) and
+    final-state<i>.npz (the state at the end)."""
+    import threading
+
+    import numpy as np
+    from dualemb.core.checkpoint import _parts_delta
+    from dualemb.core.routing import shard_of
+    from dualemb.jax import sharded
+
+    d = args.online
+    me = args.process_id
+    path = lambda name: os.path.join(d, name)  # noqa: E731
+    step = args.start_step + args.steps
+
+    def steps(k, hi):
+        nonlocal table, step
+        for _ in range(k):
+            table = train(table, hi, step)
+            step += 1
+
+    def erase(ids):
+        ids = (np.asarray(ids, np.int64) - 100) * (2**33 + 1)  # as batches() makes ids
+        for s, t in table.local_tables().items():
+            t.core().erase(ids[shard_of(ids, n) == s])
+
+    def restrict(rows):
+        for t in table.local_tables().values():
+            t.core().restrict(rows, by="recency")
+
+    sharded.save(table, path("base"))
+    steps(2, 60)
+    erase([0, 1, 2, 3, 4, 5])
+    sharded.save(table, path("d1"), base=path("base"))
+    steps(2, 140)  # more distinct ids than the capacity: evictions
+    sharded.save(table, path("d2"), base=path("d1"))
+    steps(1, 60)
+    restrict(20)
+    # The background delta: its shard files wait until two more steps trained.
+    trained = threading.Event()
+    write_shard = _parts_delta.write_shard
+
+    def held(*a, **k):
+        if not trained.wait(120):
+            raise RuntimeError("the held background save was never released")
+        return write_shard(*a, **k)
+
+    _parts_delta.write_shard = held
+    try:
+        handle = sharded.save(table, path("d3"), base=path("d2"), blocking=False)
+        export_state(table.local_tables(), path(f"bg-state{me}.npz"))
+        steps(2, 60)
+        if handle.done():
+            handle.wait()  # its error, if it failed
+            raise AssertionError("the background save ended before its write was released")
+        trained.set()
+        handle.wait(300)
+    finally:
+        _parts_delta.write_shard = write_shard
+    erase([6, 7, 8, 9])
+    steps(1, 100)
+    sharded.save(table, path("d4"), base=path("d3"))
+    restrict(25)
+    steps(1, 60)
+    sharded.save(table, path("d5"), base=path("d4"))
+    sharded.save(table, path("full"))
+    export_state(table.local_tables(), path(f"final-state{me}.npz"))
+    with open(path(f"steps{me}.txt"), "w") as f:
+        f.write(str(step))
 
 
 def hold_before_manifest(marker: str) -> None:
@@ -131,8 +220,9 @@ def main():
     if args.load:
         table = sharded.load(args.load, mesh, capacity_per_shard=cap)
     else:
+        extra = {"capacity": args.table_capacity} if args.table_capacity else {}
         table = sharded.create(mesh, DIM, initializer=init, optimizer=opt,
-                               capacity_per_shard=cap)
+                               capacity_per_shard=cap, **extra)
     data = NamedSharding(mesh, P("shards"))
     local = args.batch // args.processes
     lo = args.process_id * local
@@ -158,6 +248,16 @@ def main():
                slots=np.concatenate(slots),
                step=int(next(iter(table.local_tables().values())).step))
     np.savez(args.out, **out)
+    if args.online:
+        def train(t, hi, s):  # one step on batch s, ids drawn from [0, hi)
+            rng = np.random.default_rng(5000 + s)
+            ids = (rng.integers(0, hi, (args.batch, BAG)).astype(np.int64) - 100) * (2**33 + 1)
+            y = rng.normal(size=(args.batch,)).astype(np.float32)
+            gids = jax.make_array_from_process_local_data(
+                data, dej.ids(ids[lo:lo + local]).halves, (args.batch, BAG, 2))
+            gy = jax.make_array_from_process_local_data(data, y[lo:lo + local], (args.batch,))
+            return step(t, dej.Ids(gids), gy)
+        online(args, table, train, n)
     if args.processes > 1:
         # Everyone has read its state before anyone leaves (the coordinator is process 0).
         from jax.experimental import multihost_utils
