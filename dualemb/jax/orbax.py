@@ -96,6 +96,7 @@ class TablesCheckpointHandler(ocp.AsyncCheckpointHandler):
         return str(epath.Path(directory) / SUBDIR), core, steps, metadata
 
     def save(self, directory: epath.Path, args: "TablesSave"):
+        """Writes the tables now (after this process's running background save)."""
         path, core, steps, metadata = self._collect(directory, args)
         with _background._turn:  # after this process's background save, as every save
             _background.wait_running()
@@ -103,6 +104,8 @@ class TablesCheckpointHandler(ocp.AsyncCheckpointHandler):
 
     async def async_save(self, directory: epath.Path, args: "TablesSave"
                          ) -> Optional[List[Any]]:
+        """Copies the tables now (the state as of the call) and returns the commit future that
+        writes the copies once Orbax has made ``directory`` and raises the write's error."""
         path, core, steps, metadata = self._collect(directory, args)
         created = threading.Event()  # set by the commit future: Orbax made the directory
 
