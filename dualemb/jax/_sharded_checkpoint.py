@@ -86,17 +86,29 @@ def save(table, path, *, name: str = DEFAULT_NAME, page_rows: int = 1 << 16, bas
                    coordinator=jax.process_index() == 0, steps=step,
                    metadata=_metadata(table, name), page_rows=page_rows, base=base,
                    num_shards={name: table.num_shards}, mark_changes=True)
-    if blocking:
-        with _background._turn:  # after this process's background save, like checkpoint.save
+    with _background._turn:  # after this process's background save, like checkpoint.save
+        # A failure of this process's last background save that nobody waited for is raised
+        # inside the protocol (by ``held``), so that it fails this save on every process; raised
+        # here, it would leave the other processes waiting at the first round.
+        try:
             _background.wait_running()
-            _ckpt.parts.save(path, lambda: {name: list(zip(indices, cores))}, sync=_all_sum,
-                             **options)
-        return None
+            earlier = None
+        except CheckpointError as e:
+            earlier = e
+
+        def held(shards: list) -> dict:
+            if earlier is not None:
+                raise earlier
+            return {name: list(zip(indices, shards))}
+
+        if blocking:
+            _ckpt.parts.save(path, lambda: held(cores), sync=_all_sum, **options)
+            return None
     sync = _ckpt.parts.single_process if jax.process_count() == 1 else \
         _kv_sync.KeyValueSync(path, sync_timeout_s)
 
     def write(copies: dict) -> None:  # on the background thread, over the copies
-        _ckpt.parts.save(path, {name: list(zip(indices, copies[name]))}, sync=sync, **options)
+        _ckpt.parts.save(path, lambda: held(copies[name]), sync=sync, **options)
         if sync is not _ckpt.parts.single_process:
             sync.close()
 

@@ -78,7 +78,8 @@ def online(args, table, train, n):
     restricts; the third delta is saved in the background while two more steps train (its write
     is held until they ran, so it must hold the state of its call); a full save at the end, at
     the step of the last delta. Writes bg-state<i>.npz (the state at the background call) and
-    final-state<i>.npz (the state at the end)."""
+    final-state<i>.npz (the state at the end). Then a background save that fails in process 1,
+never waited for, and the next save (after-failure<i>.txt: what it did)."""
     import threading
 
     import numpy as np
@@ -145,6 +146,26 @@ def online(args, table, train, n):
     export_state(table.local_tables(), path(f"final-state{me}.npz"))
     with open(path(f"steps{me}.txt"), "w") as f:
         f.write(str(step))
+    # A background save that fails in process 1 and that nobody waits for: the next save raises
+    # its error on every process (inside the protocol: no process is left at a barrier).
+    from dualemb.core.checkpoint import CheckpointError
+
+    def broken(*a, **k):
+        raise OSError("injected write failure")
+
+    if me == 1:
+        _parts_delta.write_shard = broken
+    try:
+        sharded.save(table, path("bad"), base=path("full"), blocking=False)
+        try:
+            sharded.save(table, path("after-failure"))
+            outcome = "saved"
+        except CheckpointError as e:
+            outcome = f"raised: {e}"
+    finally:
+        _parts_delta.write_shard = write_shard
+    with open(path(f"after-failure{me}.txt"), "w") as f:
+        f.write(outcome)
 
 
 def hold_before_manifest(marker: str) -> None:

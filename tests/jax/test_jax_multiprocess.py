@@ -144,3 +144,14 @@ def test_a_dead_process_makes_the_others_fail_in_bounded_time(tmp_path):
     assert rc is not None, f"process 0 still running after {elapsed:.0f}s (hang):\n{out[-2000:]}"
     assert rc != 0, out[-2000:]
     assert "another task died" in out or "unhealthy" in out, out[-2000:]
+
+
+def test_an_unobserved_background_failure_fails_the_next_save_on_every_process(
+        repeated_ids_job):
+    # The job's last background save failed in process 1 and was never waited for; the next
+    # sharded.save raised on both processes (none hung at a barrier) and published nothing.
+    d = repeated_ids_job / "online"
+    outcomes = [(d / f"after-failure{i}.txt").read_text() for i in range(2)]
+    assert "injected write failure" in outcomes[1] and "never waited for" in outcomes[1], outcomes
+    assert outcomes[0].startswith("raised:") and "failed" in outcomes[0], outcomes
+    assert not (d / "bad").exists() and not (d / "after-failure").exists()
