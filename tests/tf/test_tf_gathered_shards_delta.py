@@ -18,9 +18,9 @@ ADAM = {"name": "adam", "flavor": "keras"}
 FIELDS = ("values", "slots", "last_update", "update_count", "stepped")
 
 
-def gathered(t):
+def gathered(t, capacity=0):
     """A fresh copy of ``t`` (the chief's scratch copy of a PS shard)."""
-    c = Table(DIM, key_dtype=t.key_dtype_name, optimizer=ADAM)
+    c = Table(DIM, key_dtype=t.key_dtype_name, optimizer=ADAM, capacity=capacity)
     p = t.export()
     c.import_rows(p["keys"], p["values"], p["slots"], p["last_update"], p["update_count"],
                   p["stepped"])
@@ -36,12 +36,14 @@ def save_delta(t, path, base):
         copy.destroy()
 
 
-def loaded_rows(path):
-    ck = checkpoint.load(path)
+def loaded_rows(path, num_shards=None):
+    ck = checkpoint.load(path, num_shards=num_shards)
+    tables = ck.tables["emb"]
     try:
-        return rows_by_key(ck.tables["emb"], FIELDS)
+        return rows_by_key(tables, FIELDS)
     finally:
-        ck.tables["emb"].destroy()
+        for t in tables if isinstance(tables, list) else [tables]:
+            t.destroy()
 
 
 def test_delta_of_a_gathered_copy_holds_exactly_the_rows_that_differ(tmp_path):
@@ -109,3 +111,23 @@ def test_broken_base_is_refused_before_the_copy_changes(tmp_path):
         gathered_shards.mark_changes_since(str(tmp_path / "base"), {"emb": ([copy], [True])})
     assert rows_by_key(copy, FIELDS) == before and copy.changes_label == label
     copy.destroy()
+
+
+def test_shards_with_a_capacity_smaller_than_the_table(tmp_path):
+    """Two PS shards of capacity 60 holding 100 rows together: the base's rows are read
+    whole (into a table without that capacity), never refused or evicted."""
+    shards = [Table(DIM, optimizer=ADAM, capacity=60) for _ in range(2)]
+    keys = np.arange(100, dtype=np.int64)
+    for i, t in enumerate(shards):
+        own = keys[keys % 2 == i]
+        t.apply_gradients(own, np.ones((len(own), DIM), np.float32), 0.01, 1)
+    copies = [gathered(t, capacity=60) for t in shards]
+    checkpoint.save(tmp_path / "base", {"emb": copies}, steps=1)
+    shards[1].apply_gradients(np.array([1, 3]), np.ones((2, DIM), np.float32), 0.01, 2)
+    shards[0].erase(np.array([0]))
+    copies = [gathered(t, capacity=60) for t in shards]
+    gathered_shards.mark_changes_since(str(tmp_path / "base"), {"emb": (copies, [True, True])})
+    checkpoint.save(tmp_path / "d1", {"emb": copies}, steps=2, base=tmp_path / "base")
+    entry = checkpoint.read_manifest(tmp_path / "d1")["tables"][0]
+    assert [s["rows"] for s in entry["shards"]] == [0, 2] and entry["tombstones"]["rows"] == 1
+    assert loaded_rows(tmp_path / "d1", num_shards=2) == rows_by_key(shards, FIELDS)

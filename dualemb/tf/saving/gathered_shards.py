@@ -20,6 +20,8 @@ import numpy as np
 
 from dualemb.core import checkpoint as _ckpt
 from dualemb.core.checkpoint import CheckpointError
+from dualemb.core.spec import to_spec
+from dualemb.core.table import Table, _core
 
 _FIELDS = ("values", "slots", "last_update", "update_count", "stepped")
 
@@ -32,20 +34,33 @@ def mark_changes_since(base, staged: dict) -> None:
     names = [n for n, (_, remote) in staged.items() if any(remote)]
     if not names:
         return
-    # One load verifies the whole base chain (checksums, dims) and reads every table's rows.
-    ck = _ckpt.load(base, names=names)
+    readers = {}
     try:
         for name in names:
-            table = ck.tables[name]
-            digest = table.changes_label  # the base's manifest SHA-256, set by the load
-            base_rows = _BaseRows(table.export())
+            readers[name] = _whole_table_like(staged[name][0][0])
+        # One load verifies the whole base chain (checksums, dims, dtypes) and reads every
+        # table's rows, before any copy is marked.
+        _ckpt.load(base, readers)
+        for name in names:
+            digest = readers[name].changes_label  # the base's manifest SHA-256, set by the load
+            base_rows = _BaseRows(readers[name].export())
             tables, remote = staged[name]
             for t, r in zip(tables, remote):
                 if r:
                     _mark(t, base_rows, digest, name)
     finally:
-        for table in ck.tables.values():
+        for table in readers.values():
             table.destroy()
+
+
+def _whole_table_like(shard) -> Table:
+    """An empty in-memory table of the shard's dim, dtypes and initializer that holds any number
+    of rows: the base's rows of every shard are read into one, and a shard's capacity would
+    refuse or evict them."""
+    config, _ = shard.describe()
+    config = {k: v for k, v in config.items()
+              if k not in ("capacity", "evict_policy", "backend", "redis")}
+    return Table.attach(_core.create(0, to_spec(config)))
 
 
 class _BaseRows:
