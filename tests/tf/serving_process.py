@@ -4,7 +4,9 @@ while it serves, and answers the test's requests on stdin.
 
     python tests/tf/serving_process.py MODEL_DIR CKPT_DIR KEYS.npy OUT_DIR
 
-Prints ``ready`` once the follower polls. Each request line is a step: once the tables hold the
+It imports TensorFlow and dualemb first (the slow part, overlapping the trainer's setup) and
+waits for a first line ``load`` on stdin (the SavedModel and the first checkpoint exist then);
+it prints ``ready`` once the follower polls. Each further request line is a step: once the tables hold the
 checkpoint of that step (the follower's last applied one), the model's ``lookup`` signature is
 run on the keys, its rows written to ``OUT_DIR/rows-<step>.npy`` and ``rows <step>`` printed.
 ``quit`` (or the end of stdin) stops it. A follower error or a step not reached within
@@ -36,6 +38,8 @@ def wait_for_step(follower, step: int) -> None:
 
 def main() -> int:
     model_dir, ckpt_dir, keys_path, out_dir = sys.argv[1:5]
+    if sys.stdin.readline().strip() != "load":
+        return 0  # the test ended before it exported the model
     keys = tf.constant(np.load(keys_path))
     served = tf.saved_model.load(model_dir)
     follower = de.saving.follow(ckpt_dir, {"emb": served.var}).start(interval=0.01)

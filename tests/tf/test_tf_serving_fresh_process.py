@@ -61,9 +61,12 @@ class Server:
                                  f"{self.log.read_text()[-3000:]}")
         return line
 
-    def rows_at(self, step: int) -> np.ndarray:
-        self.proc.stdin.write(f"{step}\n")
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
         self.proc.stdin.flush()
+
+    def rows_at(self, step: int) -> np.ndarray:
+        self.send(str(step))
         assert self.expect("rows ") == f"rows {step}"
         return np.load(self.out / f"rows-{step}.npy")
 
@@ -82,6 +85,18 @@ class Server:
 
 
 def test_fresh_process_saved_model_serves_each_delta(tmp_path):
+    ckpts = tmp_path / "ckpts"
+    ckpts.mkdir()
+    # Started first: its imports overlap the export below; it loads the model on "load".
+    server = Server(tmp_path, tmp_path / "model", ckpts, tmp_path / "keys.npy")
+    try:
+        export_and_serve(tmp_path, ckpts, server)
+    finally:
+        server.close()
+    assert server.proc.returncode == 0, server.log.read_text()[-3000:]
+
+
+def export_and_serve(tmp_path, ckpts, server):
     var = de.Variable(dim=DIM, devices=["/CPU:0"] * 2, name="emb")
     module = tf.Module()
     module.var = var
@@ -92,26 +107,20 @@ def test_fresh_process_saved_model_serves_each_delta(tmp_path):
     np.save(tmp_path / "keys.npy", KEYS)
     rng = np.random.default_rng(0)
     var.upsert(tf.constant(KEYS[:200]), rng.normal(size=(200, DIM)).astype(np.float32))
-    ckpts = tmp_path / "ckpts"
-    ckpts.mkdir()
     de.save(var, ckpts / "step-0", step=0)
-    server = Server(tmp_path, tmp_path / "model", ckpts, tmp_path / "keys.npy")
-    try:
-        server.expect("ready")
+    server.send("load")
+    server.expect("ready")
+    want = var.lookup(keys).numpy()
+    np.testing.assert_array_equal(server.rows_at(0), want)
+    prev = ckpts / "step-0"
+    for step in range(1, 4):
+        written = rng.choice(KEYS, 60, replace=False)  # new keys among them
+        var.upsert(tf.constant(written), rng.normal(size=(60, DIM)).astype(np.float32))
+        var.remove(tf.constant(rng.choice(KEYS, 15, replace=False)))
+        path = ckpts / f"step-{step}"
+        de.save(var, path, step=step, base=prev)
+        prev = path
         want = var.lookup(keys).numpy()
-        np.testing.assert_array_equal(server.rows_at(0), want)
-        prev = ckpts / "step-0"
-        for step in range(1, 4):
-            written = rng.choice(KEYS, 60, replace=False)  # new keys among them
-            var.upsert(tf.constant(written), rng.normal(size=(60, DIM)).astype(np.float32))
-            var.remove(tf.constant(rng.choice(KEYS, 15, replace=False)))
-            path = ckpts / f"step-{step}"
-            de.save(var, path, step=step, base=prev)
-            prev = path
-            want = var.lookup(keys).numpy()
-            got = server.rows_at(step)
-            assert not np.array_equal(got, np.load(server.out / f"rows-{step - 1}.npy"))
-            np.testing.assert_array_equal(got, want, err_msg=f"the served rows at step {step}")
-    finally:
-        server.close()
-    assert server.proc.returncode == 0, server.log.read_text()[-3000:]
+        got = server.rows_at(step)
+        assert not np.array_equal(got, np.load(server.out / f"rows-{step - 1}.npy"))
+        np.testing.assert_array_equal(got, want, err_msg=f"the served rows at step {step}")
