@@ -21,6 +21,7 @@ from dualemb.core import checkpoint as _ckpt
 from dualemb.core.checkpoint import CheckpointError
 from dualemb.tf import keras_adapter
 from dualemb.tf.distribute import job_checkpoint, remote_shards, replica_shards
+from dualemb.tf.saving import gathered_shards
 from dualemb.tf.saving import variable_state as state
 from dualemb.tf.saving.keras_files import own_de_variables
 from dualemb.tf.trainable import is_trainable_wrapper
@@ -144,14 +145,17 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
 
     With ``base`` (a checkpoint the variables were last saved to or loaded from), writes a
     delta: the rows written since, and tombstones (docs/checkpoint_format.md §10); ``load``
-    follows the chain. Not for multi-worker jobs or parameter-server shards yet.
+    follows the chain. Shards on parameter-server tasks are gathered by the chief, which writes
+    the rows that differ from the base's (``gathered_shards.py``). Not for a
+    MultiWorkerMirroredStrategy job yet: NotImplementedError.
 
     ``blocking=False`` returns a ``dualemb.core.checkpoint.SaveHandle`` instead, at once: the
     tables are copied (``Table.clone``) and the dense weights read during the call, and the
     checkpoint of that state is written on a background thread while training goes on;
     ``handle.wait()`` raises its error, ``handle.cancel()`` stops it before it publishes
-    (docs/online_learning.md). Not under a MultiWorkerMirroredStrategy job (its commit barrier is
-    the strategy's all-reduce, which must run on the training thread): ValueError."""
+    (docs/online_learning.md); shards on parameter-server tasks are gathered during the call.
+    Not under a MultiWorkerMirroredStrategy job (its commit barrier is the strategy's all-reduce,
+    which must run on the training thread): ValueError."""
     if not isinstance(blocking, bool):
         raise TypeError(f"blocking must be True or False, got {blocking!r}")
     variables = find_variables(obj)
@@ -176,8 +180,13 @@ def save(obj, path, *, optimizer=None, step=None, include_dense=True, metadata=N
         return variables
     with contextlib.ExitStack() as stack:
         # Shards on PS tasks are gathered through their handles into scratch tables here.
-        tables = {name: stack.enter_context(remote_shards.staged_core_shards(var))[0]
+        staged = {name: stack.enter_context(remote_shards.staged_core_shards(var))
                   for name, var in variables.items()}
+        if base is not None:
+            # The scratch copies know nothing of the base: their changes are found by content.
+            gathered_shards.mark_changes_since(os.fspath(base), staged)
+        tables = {name: [gathered_shards.Untracked(t) if r else t for t, r in zip(*shards)]
+                  for name, shards in staged.items()}
         # A background save copies the tables before this returns (remote shards' scratch
         # copies included, which the exit then frees).
         handle = _save_tables(obj, path, variables, tables, optimizer, step, include_dense,

@@ -338,11 +338,12 @@ def one_ps_cluster():
 def ps_checkpoint(tmp_path_factory, one_ps_cluster):
     """A 1-worker, 2-PS Adam job saved with tf.train.Checkpoint and de.save after 12 steps, and
     its rows, slots and dense weights exported from the PS tasks when it saved; plus the same
-    checkpoints restored (no training) by a 1-PS cluster."""
+    checkpoints restored (no training) by a 1-PS cluster. The same chief then writes a chain of
+    deltas on its de.save and a full save at the chain's last step (ps_job.delta_chain)."""
     d = tmp_path_factory.mktemp("ps_ckpt")
     with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
         state = run_job(d / "ps.npz", "--model", "dense", "--optimizer", "adam",
-                        "--save-dir", str(d / "save"), cluster=cluster)
+                        "--save-dir", str(d / "save"), "--delta-chain", cluster=cluster)
     restored = {}
     for kind in ("tf", "common"):
         restored[kind] = run_job(d / f"restored_{kind}.npz", "--steps", "0",
@@ -438,6 +439,117 @@ def test_plain_apply_gradients_one_worker_equals_single_process(tmp_path, one_ps
         np.testing.assert_array_equal(state["dense0"], reference["dense0"])
         np.testing.assert_array_equal(state["dense1"], reference["dense1"])
         assert int(state["iterations"]) == int(reference["iterations"]) == 12
+
+
+# ---- delta checkpoints of a PS job ------------------------------------------------------------
+
+def core_rows(path):
+    """(key -> (values, slots, last_update, update_count, stepped), step) of the one table of
+    the checkpoint at ``path``, its chain followed, loaded into one core table."""
+    from dualemb.core import checkpoint as core_ckpt
+    ck = core_ckpt.load(path)
+    (name, table), = ck.tables.items()
+    try:
+        page = table.export()
+    finally:
+        table.destroy()
+    rows = {int(k): tuple(page[f][i] for f in ("values", "slots", "last_update", "update_count",
+                                               "stepped"))
+            for i, k in enumerate(page["keys"])}
+    return rows, ck.steps[name]
+
+
+def assert_same_core_rows(got, want, what):
+    assert set(got) == set(want), what
+    for k, fields in want.items():
+        for name, a, b in zip(("values", "slots", "last_update", "update_count", "stepped"),
+                              got[k], fields):
+            np.testing.assert_array_equal(a, b, err_msg=f"{what}: {name} of key {k}")
+
+
+def update_counts(state):
+    return {int(k): int(c) for i in range(int(state["num_shards"]))
+            for k, c in zip(state[f"shard{i}_keys"], state[f"shard{i}_update_count"])}
+
+
+@pytest.mark.timeout(1500)
+def test_ps_delta_chain_holds_the_state_at_each_save(ps_checkpoint):
+    """Each delta the chief wrote (on the previous one, down to the job's full save) loads to
+    the rows, Adam slots and update counts the PS tasks held when it was saved (delta 3 was
+    saved in the background while the job trained on), holds fewer rows than the table, and
+    lists the erased and restricted keys as tombstones; the last equals the full save at the
+    same step bit for bit (metadata and step included)."""
+    from dualemb.core import checkpoint as core_ckpt
+    sys.path.insert(0, os.path.dirname(JOB))
+    from ps_job import DELTA_ROUNDS
+    chain = ps_checkpoint[0] / "chain"
+    previous = set(rows_by_key(ps_checkpoint[1]))
+    for r in range(1, DELTA_ROUNDS + 1):
+        want = dict(np.load(chain / f"state-{r}.npz"))
+        got, step = core_rows(chain / f"delta-{r}")
+        assert set(got) == set(rows_by_key(want)), f"delta {r}"
+        for k, (v, s, _) in rows_by_key(want).items():
+            np.testing.assert_array_equal(got[k][0], v, err_msg=f"delta {r}: row {k}")
+            np.testing.assert_array_equal(got[k][1], s, err_msg=f"delta {r}: slots of {k}")
+        assert {k: int(f[3]) for k, f in got.items()} == update_counts(want), f"delta {r}"
+        assert step == 12 + 2 * r + (r == 4)  # round 3 trained one step after its snapshot
+        (entry,) = core_ckpt.read_manifest(chain / f"delta-{r}")["tables"]
+        gone = previous - set(got)  # erased or restricted since the previous save
+        assert len(gone) > 0 and entry["tombstones"]["rows"] == len(gone)
+        assert 0 < sum(s["rows"] for s in entry["shards"]) < len(got)
+        previous = set(got)
+    full, full_step = core_rows(chain / "full")
+    last, last_step = core_rows(chain / f"delta-{DELTA_ROUNDS}")
+    assert last_step == full_step
+    assert_same_core_rows(last, full, "delta chain vs full save")
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_ps_delta_chain_restores_into_single_process(ps_checkpoint, num_shards):
+    """de.load of the last delta (its chain followed) into 1 and 3 local shards equals de.load
+    of the full save at the same step: rows, slots, update counts, dense weights, iterations."""
+    import dualemb.tf as de
+    chain = ps_checkpoint[0] / "chain"
+    from_chain, from_full = local_job(num_shards), local_job(num_shards)
+    de.load(from_chain.model, chain / "delta-4", optimizer=from_chain.optimizer)
+    de.load(from_full.model, chain / "full", optimizer=from_full.optimizer)
+    got, want = from_chain.table_state(), from_full.table_state()
+    assert_keys_routed(got)
+    got_rows, want_rows = rows_by_key(got), rows_by_key(want)
+    assert set(got_rows) == set(want_rows) and len(want_rows) > 100
+    for k, (v, s, _) in want_rows.items():
+        np.testing.assert_array_equal(got_rows[k][0], v, err_msg=f"row {k}")
+        np.testing.assert_array_equal(got_rows[k][1], s, err_msg=f"Adam slots of {k}")
+    assert update_counts(got) == update_counts(want)
+    np.testing.assert_array_equal(got["dense0"], want["dense0"])
+    np.testing.assert_array_equal(got["dense1"], want["dense1"])
+    assert int(got["iterations"]) == int(want["iterations"]) == 21
+
+
+@pytest.mark.timeout(1500)
+@pytest.mark.parametrize("break_it", ["missing", "replaced"])
+def test_ps_delta_chain_broken_is_refused_table_unchanged(ps_checkpoint, tmp_path, break_it):
+    """A chain whose middle delta is gone, or was replaced by another checkpoint, is refused
+    with a CheckpointError naming the base, before any table or weight changes."""
+    import shutil
+
+    import dualemb.tf as de
+    from dualemb.core.checkpoint import CheckpointError
+    save = tmp_path / "save"
+    shutil.copytree(ps_checkpoint[0], save)
+    shutil.rmtree(save / "chain" / "delta-2")
+    if break_it == "replaced":
+        shutil.copytree(save / "chain" / "delta-1", save / "chain" / "delta-2")
+    job = local_job(3)
+    de.load(job.model, save / "common", optimizer=job.optimizer)
+    before = job.table_state()
+    with pytest.raises(CheckpointError, match="delta-2.*(missing|replaced)"):
+        de.load(job.model, save / "chain" / "delta-4", optimizer=job.optimizer)
+    after = job.table_state()
+    assert set(before) == set(after)
+    for name, value in before.items():
+        np.testing.assert_array_equal(after[name], value, err_msg=name)
 
 
 # ---- string keys ------------------------------------------------------------------------------

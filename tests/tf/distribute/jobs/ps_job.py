@@ -5,7 +5,7 @@ never connected to a cluster).
     python tests/tf/distribute/jobs/ps_job.py --out result.npz [--cluster JSON] [--model dense|linear]
         [--optimizer adam|sgd] [--steps N] [--kill-worker-after K --marker FILE]
         [--save-dir DIR [--save-after K]] [--string-keys] [--plain-apply]
-        [--pause-step K --pause-marker FILE]
+        [--pause-step K --pause-marker FILE] [--delta-chain]
 
 With ``--save-dir`` the trained job also writes ``DIR/tf/ckpt`` (a ``tf.train.Checkpoint`` of the
 model and optimizer) and ``DIR/common`` (``de.save``, step = --steps); under a cluster both gather
@@ -13,6 +13,11 @@ the rows from the PS tasks through the shards' handles. With ``--save-after K`` 
 step K instead (joining the coordinator first) and writes the state it saved to ``DIR/saved.npz``,
 then trains on. If a step fails (a PS killed), the result file holds only ``error`` and
 ``error_type`` and the job exits with status 3.
+
+With ``--save-dir DIR --delta-chain`` the chief then goes on from that full save (the base) as an
+online-learning trainer: :func:`delta_chain` trains, erases and restricts keys and writes deltas
+``DIR/chain/delta-<r>`` (one in the background) and a full ``DIR/chain/full`` at the last step,
+with the state exported from the PS tasks at each save in ``DIR/chain/state-<r>.npz``.
 
 With ``--string-keys`` the table has ``key_dtype=tf.string`` and every id ``k`` becomes the key
 :func:`string_key` (k); the result then holds each shard's keys as ``shard<i>_key_offsets`` +
@@ -184,6 +189,42 @@ class Job:
         return out
 
 
+DELTA_ROUNDS = 4
+
+
+def delta_chain(job, run_steps, save_dir: str, step: int) -> None:
+    """Base: ``save_dir/common`` (step ``step``). Each round trains 2 steps (``run_steps(batches,
+    first_step)``, returns when they ran), erases 8 keys, and saves a delta on the previous
+    save; round 2 also restricts shard 0 (5 rows fewer), round 3 saves in the background and
+    trains a step more before it waits (that step goes into round 4's delta)."""
+    chain = os.path.join(save_dir, "chain")
+    os.makedirs(chain, exist_ok=True)
+    var = job.embedding.params
+    base = os.path.join(save_dir, "common")
+    rng = np.random.default_rng(11)
+    for r in range(1, DELTA_ROUNDS + 1):
+        run_steps(list(batches(2, seed=100 + r)), step + 1)
+        step += 2
+        keys = np.concatenate([ops.export_table(t.resource, job.key_dtype, DIM)["keys"].numpy()
+                               for t in var.tables])
+        var.remove(tf.constant(rng.choice(keys, 8, replace=False)))
+        if r == 2:
+            shard = var.tables[0].resource
+            ops.restrict(shard, int(ops.table_size(shard)) - 5, "recency")
+        np.savez(os.path.join(chain, f"state-{r}.npz"), **job.table_state())
+        path = os.path.join(chain, f"delta-{r}")
+        if r == 3:
+            handle = de.save(job.model, path, optimizer=job.optimizer, step=step, base=base,
+                             blocking=False)
+            run_steps(list(batches(1, seed=200)), step + 1)  # after the snapshot
+            step += 1
+            handle.wait()
+        else:
+            de.save(job.model, path, optimizer=job.optimizer, step=step, base=base)
+        base = path
+    de.save(job.model, os.path.join(chain, "full"), optimizer=job.optimizer, step=step)
+
+
 def run_single(args):
     job = Job(args.model, args.optimizer, key_dtype=_key_dtype(args))
     job.plain_apply = args.plain_apply
@@ -236,6 +277,13 @@ def run_cluster(args):
     if args.save_dir and args.save_after < 0:
         job.save(args.save_dir, args.steps)
     state = job.table_state()
+    if args.delta_chain:
+        def run_steps(chunk, first):
+            for k, (ids, labels) in enumerate(chunk):
+                coordinator.schedule(train_step, args=(tf.constant(ids), tf.constant(labels),
+                                                       tf.constant(first + k, tf.int64)))
+            coordinator.join()
+        delta_chain(job, run_steps, args.save_dir, args.steps)
     # The tables live on the PS tasks, not in this process's core registry.
     from dualemb.core import Table
     local = []
@@ -275,6 +323,8 @@ def main():
     p.add_argument("--pause-seconds", type=float, default=600.0,
                    help="the longest a paused step waits for --pause-marker's .release file")
     p.add_argument("--marker", default="", help="file written mid-training; waits until removed")
+    p.add_argument("--delta-chain", action="store_true",
+                   help="after the --save-dir save: deltas on it (see delta_chain)")
     p.add_argument("--string-keys", action="store_true", help="key_dtype=tf.string (string_key)")
     args = p.parse_args()
     state = run_cluster(args) if args.cluster else run_single(args)
