@@ -309,3 +309,32 @@ def test_background_delta_chain_equals_full_saves_and_misses_no_concurrent_write
     checkpoint.save(tmp_path / "last", {"emb": t}, steps=5, base=prev)
     ck = checkpoint.load(tmp_path / "last")
     assert state(ck.tables["emb"]) == expected[4][1] == state(t)
+
+
+def test_training_continues_from_a_chain_as_from_a_full_save_and_as_never_stopping(tmp_path):
+    """The clock too: a chain of many small layers (each import call used to tick the clock once)
+    and the full save load to the trainer's clock, so the rows written next get the same
+    last_update stamps whichever checkpoint training continued from, and as if it never stopped."""
+    rng = np.random.default_rng(7)
+    t = Table(DIM, optimizer=ADAM)
+    train(t, rng, np.arange(120), 1)
+    checkpoint.save(tmp_path / "base", {"emb": t}, steps=1, page_rows=8)
+    prev = tmp_path / "base"
+    for step in range(2, 6):
+        train(t, rng, rng.integers(0, 200, 30), step)
+        t.erase(rng.integers(0, 200, 5))
+        train(t, rng, rng.integers(0, 200, 10), step)  # the newest stamp == the clock
+        d = tmp_path / f"d{step}"
+        checkpoint.save(d, {"emb": t}, steps=step, base=prev, page_rows=8)
+        prev = d
+    checkpoint.save(tmp_path / "full", {"emb": t}, steps=5, page_rows=8)
+    chain = checkpoint.load(prev).tables["emb"]
+    full = checkpoint.load(tmp_path / "full").tables["emb"]
+    assert chain.clock == full.clock == t.clock
+    keys = rng.integers(0, 260, 40)
+    grads = rng.standard_normal((len(keys), DIM)).astype(np.float32)
+    for table in (t, chain, full):
+        table.apply_gradients(np.asarray(keys, np.int64), grads, 0.01, 6)
+    assert state(chain) == state(full) == state(t)
+    chain.destroy()
+    full.destroy()

@@ -100,6 +100,7 @@ class _Job:
         self.counts = np.zeros(num_live, np.int64)
         self.set_optimizer = []  # live shards that get the saved optimizer attached
         self.clock = max([int(s.get("clock", 0)) for s in entry["shards"]] + [0])
+        self.max_last_update = -1  # over the imported rows (a clock below it would be wrong)
         self.partitioner = _default_partitioner
         # A delta's chain, newest first: (root, entry, readers, shadow) per checkpoint; a layer's
         # rows whose keys are in its shadow (rewritten or tombstoned by a newer layer) are
@@ -379,6 +380,8 @@ def _import(job: _Job, partitioner, pool: ThreadPoolExecutor) -> None:
 def _import_page(job: _Job, partitioner, page: dict) -> None:
     keys, values, slots = page["keys"], page["values"], page["slots"]
     last, count, stepped = page["last_update"], page["update_count"], page["stepped"]
+    if len(last):
+        job.max_last_update = max(job.max_last_update, int(last.max()))
     if job.num_live == 1 and not isinstance(partitioner, Subset):
         job.live[0].import_rows(keys, values, slots, last, count, stepped)
         return
@@ -539,9 +542,14 @@ def load(path, tables=None, *, names=None, partitioner=None, num_shards=None):
                 if c:
                     t.reserve(int(c))
             _import(job, job.partitioner, pool)
+            # The cleared tables take the saved clock itself, not the clock their history and
+            # the import calls (one tick each) left: then the rows written next are stamped as
+            # the trainer's would have been, whether a full save or a chain of deltas (more
+            # import calls) was loaded. Never below an imported row's stamp (old checkpoints
+            # record no clock); equal to it is right (a write ticks the clock before stamping).
+            clock = max(job.clock, job.max_last_update)
             for t in job.live:
-                if job.clock > t.clock:
-                    t.clock = job.clock
+                t.clock = clock
             total = sum(int(t.size()) for t in job.live)
             expected = int(job.counts.sum())  # all saved rows, or a Subset's share of them
             if total != expected:
