@@ -338,3 +338,22 @@ def test_training_continues_from_a_chain_as_from_a_full_save_and_as_never_stoppi
     assert state(chain) == state(full) == state(t)
     chain.destroy()
     full.destroy()
+
+
+def test_key_sets_agree_with_python_sets():
+    """The chain's key sets (merged by one sort when read, membership by binary search) against
+    Python sets: duplicates, negative keys, keys past both ends, empty sets and queries."""
+    from dualemb.core.checkpoint._delta import KeySet, sorted_member
+
+    rng = np.random.default_rng(3)
+    ks = KeySet(string=False)
+    added = set()
+    for _ in range(4):
+        part = rng.integers(-50, 50, 30)
+        ks.add(part)
+        added.update(part.tolist())
+        query = rng.integers(-80, 80, 200)
+        assert ks.contains(query).tolist() == [q in added for q in query.tolist()]
+    assert ks.ints.tolist() == sorted(added) and len(ks) == len(added)
+    assert sorted_member(np.empty(0, np.int64), np.array([1, 2])).tolist() == [False, False]
+    assert sorted_member(np.array([1, 2]), np.empty(0, np.int64)).tolist() == []

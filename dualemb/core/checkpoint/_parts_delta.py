@@ -72,12 +72,11 @@ def _tombstone_share(layers: list, name: str, shards: list, n: int) -> np.ndarra
     base_keys = _delta.chain_keys(layers, name).ints
     mine = np.zeros(len(base_keys), bool)
     route = shard_of(base_keys, n)
-    live = []
+    live = _delta.KeySet(string=False)
     for j, t in shards:
         mine |= route == j
-        live.append(_live_keys(name, j, t, n))
-    live = np.concatenate(live) if live else np.empty(0, np.int64)
-    return base_keys[mine & ~np.isin(base_keys, live)]
+        live.add(_live_keys(name, j, t, n))
+    return base_keys[mine & ~live.contains(base_keys)]
 
 
 def save(path, tables, *, names: list, base, num_shards, sync: Sync, part: int, num_parts: int,
