@@ -22,13 +22,12 @@ constexpr int64_t kReadTask = 4096;      // keys per task of a parallel read
 // apply_gradients keeps its per-shard work buffers between calls up to this many bytes per table
 // (a 4,096-key batch at dim 64 needs ~1.3 MiB, most of it reserved for repeated keys' sums).
 constexpr size_t kKeptStepScratchBytes = size_t{4} << 20;
-// A batch runs on the calling thread alone unless keys x (dim + 16) reaches this.
-// Waking the pool's helpers costs ~50-100 us per parallel phase (apply_gradients has two), which
-// a small batch does not win back: measured on 2 cores, a 4,096-key Adam step at dim 16 took
-// 0.12 ms alone and 0.22 ms on two threads; crossovers were ~16k keys at dim 16 and ~6k at dim 64
-// on a cached table, ~4k at dim 8 and ~2k at dim 64 on a 1M-row table. Inside a framework (TF's
-// inter-op pool running several tables' ops at once) one thread per small op is also what keeps
-// the cores for the other ops. The +16 stands for the per-key hashing and probing.
+// A batch runs on the calling thread alone unless keys x (dim + 16) reaches this: waking the
+// pool's helpers (once per parallel phase; apply_gradients has two) costs more than a smaller
+// batch wins back (the crossovers: docs/benchmarks.md, "Measurements behind the code"). Inside a
+// framework (TF's inter-op pool running several tables' ops at once) one thread per small op is
+// also what keeps the cores for the other ops. The +16 stands for the per-key hashing and
+// probing.
 constexpr int64_t kParallelWork = int64_t{1} << 18;
 
 inline bool worth_parallel(int64_t n, int64_t floats_per_key) {
@@ -482,8 +481,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
   // has keys, so it never reallocates). All of it is allocated before any row changes, into the
   // table's step scratch (table.h), which keeps its buffers between calls while they are small.
   // The distinct entries are written with plain stores: the per-key loop has no capacity checks
-  // or out-of-line push_back calls (which GCC stopped inlining once this function grew, costing
-  // ~20 instructions per key).
+  // or out-of-line push_back calls (which GCC stopped inlining once this function grew).
   using Work = StepScratch;
   using Distinct = StepDistinct;
   std::vector<Work>& work = step_scratch_;

@@ -169,8 +169,8 @@ class Table final : public Storage {
   CopiedAtomic<int64_t> evicted_total_{0};
   std::vector<Ranked> evict_scratch_;  // restrict's ranking buffer; guarded by mu_ (exclusive)
   // apply_gradients' work buffers, one per shard, kept between calls while they are small
-  // (table.cc: kKeptStepScratchBytes): allocating and freeing them on every call was ~45 of the
-  // ~370 instructions per key of a 4,096-key Adam step at dim 8 (malloc/free, 4 per shard).
+  // (table.cc: kKeptStepScratchBytes): allocating and freeing them (4 per shard) on every call
+  // showed in the step's profile (docs/benchmarks.md, "Measurements behind the code").
   // Guarded by mu_ (exclusive); a clone starts without them.
   struct StepDistinct {
     int64_t row;

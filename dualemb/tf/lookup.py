@@ -19,9 +19,8 @@ from dualemb.tf.shadow_variable import ShadowVariable
 from dualemb.tf.variable import Variable
 
 # Inside a tf.function, autograph would convert these functions and everything they call (seconds
-# per trace: about 4 s for one embedding_lookup, 10 s with return_trainable, on a 2-core machine).
-# Their Python control flow is over Python objects and static shapes, never over tensors, so they
-# run as plain Python while the function is traced.
+# per trace). Their Python control flow is over Python objects and static shapes, never over
+# tensors, so they run as plain Python while the function is traced.
 _not_converted = tf.autograph.experimental.do_not_convert
 
 COMBINERS = ("sum", "mean", "sqrtn")

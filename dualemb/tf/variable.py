@@ -74,8 +74,8 @@ def _as_dtype(dtype, allowed, what):
     return dt
 
 
-# Inside a tf.function autograph would convert these methods and all they call (over a second per
-# trace on a 2-core machine); their Python control flow is over Python objects, never tensors.
+# Inside a tf.function autograph would convert these methods and all they call (seconds per
+# trace); their Python control flow is over Python objects, never tensors.
 _not_converted = tf.autograph.experimental.do_not_convert
 
 
