@@ -181,7 +181,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         else:
             self._restrict_policy = None
         for shard in shards:
-            shard._bind_variable(self)
+            shard.bind_variable(self)
         self._router = ShardRouter(name, self._key_dtype, self._value_dtype, self._dim,
                                    partitioner, shards)
         self._self_setattr_tracking = True
