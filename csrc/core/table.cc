@@ -22,18 +22,38 @@ constexpr int64_t kReadTask = 4096;      // keys per task of a parallel read
 // apply_gradients keeps its per-shard work buffers between calls up to this many bytes per table
 // (a 4,096-key batch at dim 64 needs ~1.3 MiB, most of it reserved for repeated keys' sums).
 constexpr size_t kKeptStepScratchBytes = size_t{4} << 20;
-// A batch runs on the calling thread alone unless keys x (dim + 16) reaches this.
-// Waking the pool's helpers costs ~50-100 us per parallel phase (apply_gradients has two), which
-// a small batch does not win back: measured on 2 cores, a 4,096-key Adam step at dim 16 took
-// 0.12 ms alone and 0.22 ms on two threads; crossovers were ~16k keys at dim 16 and ~6k at dim 64
-// on a cached table, ~4k at dim 8 and ~2k at dim 64 on a 1M-row table. Inside a framework (TF's
-// inter-op pool running several tables' ops at once) one thread per small op is also what keeps
-// the cores for the other ops. The +16 stands for the per-key hashing and probing.
+// A batch runs on the calling thread alone unless keys x (dim + 16) reaches this: waking the
+// pool's helpers (once per parallel phase; apply_gradients has two) costs more than a smaller
+// batch wins back (the crossovers: docs/benchmarks.md, "Measurements behind the code"). Inside a
+// framework (TF's inter-op pool running several tables' ops at once) one thread per small op is
+// also what keeps the cores for the other ops. The +16 stands for the per-key hashing and
+// probing.
 constexpr int64_t kParallelWork = int64_t{1} << 18;
 
 inline bool worth_parallel(int64_t n, int64_t floats_per_key) {
   return n * (floats_per_key + 16) >= kParallelWork;
 }
+
+// The caller's buffers of an export (each may be null: not wanted); put() writes one row.
+struct ExportOut {
+  int64_t* keys;
+  unsigned char* values;
+  unsigned char* slots;  // null, or ns slots per row
+  int64_t* last_update;
+  int64_t* update_count;
+  uint8_t* stepped;
+  size_t rb;   // bytes of one row's values (a slot has as many)
+  int64_t ns;  // slots per row
+
+  void put(int64_t i, const unsigned char* row, const RowMeta& m) const {
+    if (keys) keys[i] = m.key;
+    if (values) std::memcpy(values + i * rb, row, rb);
+    if (slots && ns) std::memcpy(slots + i * ns * rb, row + rb, rb * ns);
+    if (last_update) last_update[i] = m.last_update;
+    if (update_count) update_count[i] = m.count;
+    if (stepped) stepped[i] = m.stepped() ? 1 : 0;
+  }
+};
 
 }  // namespace
 
@@ -327,15 +347,28 @@ void Table::initial_values(const int64_t* keys, int64_t n, void* values) const {
   new_values_.fill(keys, n, values);
 }
 
-int64_t Table::find_or_insert(const int64_t* keys, int64_t n, void* values_out, uint8_t* exists) {
-  unsigned char* values = static_cast<unsigned char*>(values_out);
-  const size_t rb = row_bytes();
+template <class Fn>
+int64_t Table::write_each_key(const int64_t* keys, int64_t n, Fn&& fn) {
   std::unique_lock<std::shared_mutex> lock(mu_);
   Grouping g;
   group_by_shard(keys, n, &g);
   prepare_inserts(g, n);
   const int64_t stamp = ++clock_;
-  for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
+  for_each_key(g, keys,
+               [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) { fn(s, i, h, r, stamp); });
+  return enforce_capacity();
+}
+
+void Table::mark_written(RowMeta& m, int64_t stamp) const {
+  m.last_update = stamp;
+  set_change_gen(m, changes_.write_gen);
+  bump_count(m.count);
+}
+
+int64_t Table::find_or_insert(const int64_t* keys, int64_t n, void* values_out, uint8_t* exists) {
+  unsigned char* values = static_cast<unsigned char*>(values_out);
+  const size_t rb = row_bytes();
+  return write_each_key(keys, n, [&](Shard& s, int64_t i, uint64_t h, int64_t r, int64_t stamp) {
     if (exists) exists[i] = r >= 0 && !stamped_by_this_call(s.rows.meta(r).last_update, stamp);
     if (r < 0) {
       r = insert_new(s, keys[i], h, stamp);
@@ -343,25 +376,16 @@ int64_t Table::find_or_insert(const int64_t* keys, int64_t n, void* values_out, 
     }
     std::memcpy(values + i * rb, s.rows.row(r), rb);
   });
-  return enforce_capacity();
 }
 
 int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const void* values_in) {
   const unsigned char* values = static_cast<const unsigned char*>(values_in);
   const size_t rb = row_bytes();
-  std::unique_lock<std::shared_mutex> lock(mu_);
-  Grouping g;
-  group_by_shard(keys, n, &g);
-  prepare_inserts(g, n);
-  const int64_t stamp = ++clock_;
-  for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
+  return write_each_key(keys, n, [&](Shard& s, int64_t i, uint64_t h, int64_t r, int64_t stamp) {
     if (r < 0) r = insert_new(s, keys[i], h, stamp);
     std::memcpy(s.rows.row(r), values + i * rb, rb);
-    s.rows.meta(r).last_update = stamp;
-    set_change_gen(s.rows.meta(r), changes_.write_gen);
-    bump_count(s.rows.meta(r).count);
+    mark_written(s.rows.meta(r), stamp);
   });
-  return enforce_capacity();
 }
 
 int64_t Table::accum(const int64_t* keys, int64_t n, const void* deltas_in,
@@ -382,12 +406,7 @@ int64_t Table::accum_impl(const int64_t* keys, int64_t n, const void* rows_in,
   const unsigned char* rows = static_cast<const unsigned char*>(rows_in);
   const unsigned char* old = static_cast<const unsigned char*>(old_in);
   const size_t rb = row_bytes();
-  std::unique_lock<std::shared_mutex> lock(mu_);
-  Grouping g;
-  group_by_shard(keys, n, &g);
-  prepare_inserts(g, n);
-  const int64_t stamp = ++clock_;
-  for_each_key(g, keys, [&](int, Shard& s, int64_t i, uint64_t h, int64_t r) {
+  return write_each_key(keys, n, [&](Shard& s, int64_t i, uint64_t h, int64_t r, int64_t stamp) {
     const unsigned char* d = rows + i * rb;
     switch (accum_action(r >= 0, exists[i])) {
       case AccumAction::kInsert:
@@ -403,11 +422,8 @@ int64_t Table::accum_impl(const int64_t* keys, int64_t n, const void* rows_in,
       case AccumAction::kIgnore:
         return;
     }
-    s.rows.meta(r).last_update = stamp;
-    set_change_gen(s.rows.meta(r), changes_.write_gen);
-    bump_count(s.rows.meta(r).count);
+    mark_written(s.rows.meta(r), stamp);
   });
-  return enforce_capacity();
 }
 
 void Table::erase(const int64_t* keys, int64_t n) {
@@ -482,8 +498,7 @@ int64_t Table::apply_gradients(const int64_t* keys, int64_t n, const float* grad
   // has keys, so it never reallocates). All of it is allocated before any row changes, into the
   // table's step scratch (table.h), which keeps its buffers between calls while they are small.
   // The distinct entries are written with plain stores: the per-key loop has no capacity checks
-  // or out-of-line push_back calls (which GCC stopped inlining once this function grew, costing
-  // ~20 instructions per key).
+  // or out-of-line push_back calls (which GCC stopped inlining once this function grew).
   using Work = StepScratch;
   using Distinct = StepDistinct;
   std::vector<Work>& work = step_scratch_;
@@ -643,12 +658,12 @@ int64_t Table::restrict_locked(int64_t num_reserved, RestrictBy by, const int64_
 int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, void* values_out,
                            void* slots_out, int slots_given, int64_t* last_update,
                            int64_t* update_count, uint8_t* stepped) const {
-  unsigned char* values = static_cast<unsigned char*>(values_out);
-  unsigned char* slots = static_cast<unsigned char*>(slots_out);
-  const size_t rb = row_bytes();
   std::shared_lock<std::shared_mutex> lock(mu_);
   const int64_t ns = num_slots();
   check_slot_count(slots_given, static_cast<int>(ns));
+  const ExportOut out{keys, static_cast<unsigned char*>(values_out),
+                      static_cast<unsigned char*>(slots_out), last_update, update_count, stepped,
+                      row_bytes(), ns};
   int64_t written = 0, base = 0;
   for (const auto& sp : shards_) {
     const RowStore& rows = sp->rows;
@@ -658,16 +673,8 @@ int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, void* v
       base += sz;
       continue;
     }
-    for (int64_t r = std::max<int64_t>(0, offset - base); r < sz && written < limit; ++r) {
-      const unsigned char* row = rows.row(r);
-      if (keys) keys[written] = rows.meta(r).key;
-      if (values) std::memcpy(values + written * rb, row, rb);
-      if (slots && ns) std::memcpy(slots + written * ns * rb, row + rb, rb * ns);
-      if (last_update) last_update[written] = rows.meta(r).last_update;
-      if (update_count) update_count[written] = rows.meta(r).count;
-      if (stepped) stepped[written] = rows.meta(r).stepped() ? 1 : 0;
-      ++written;
-    }
+    for (int64_t r = std::max<int64_t>(0, offset - base); r < sz && written < limit; ++r)
+      out.put(written++, rows.row(r), rows.meta(r));
     base += sz;
   }
   return written;
@@ -739,12 +746,12 @@ int64_t Table::export_changed(int64_t* cursor, int64_t limit, int64_t* keys, voi
                               void* slots_out, int slots_given, int64_t* last_update,
                               int64_t* update_count, uint8_t* stepped) const {
   if (*cursor < 0 || limit < 0) throw std::invalid_argument("cursor and limit must be >= 0");
-  unsigned char* values = static_cast<unsigned char*>(values_out);
-  unsigned char* slots = static_cast<unsigned char*>(slots_out);
-  const size_t rb = row_bytes();
   std::shared_lock<std::shared_mutex> lock(mu_);
   const int64_t ns = num_slots();
   check_slot_count(slots_given, static_cast<int>(ns));
+  const ExportOut out{keys, static_cast<unsigned char*>(values_out),
+                      static_cast<unsigned char*>(slots_out), last_update, update_count, stepped,
+                      row_bytes(), ns};
   int64_t written = 0, base = 0, pos = *cursor;
   for (const auto& sp : shards_) {
     const RowStore& rows = sp->rows;
@@ -755,15 +762,7 @@ int64_t Table::export_changed(int64_t* cursor, int64_t limit, int64_t* keys, voi
     }
     for (int64_t r = pos - base; r < sz && written < limit; ++r, ++pos) {
       const RowMeta& m = rows.meta(r);
-      if (!changes_.changed(m)) continue;
-      const unsigned char* row = rows.row(r);
-      if (keys) keys[written] = m.key;
-      if (values) std::memcpy(values + written * rb, row, rb);
-      if (slots && ns) std::memcpy(slots + written * ns * rb, row + rb, rb * ns);
-      if (last_update) last_update[written] = m.last_update;
-      if (update_count) update_count[written] = m.count;
-      if (stepped) stepped[written] = m.stepped() ? 1 : 0;
-      ++written;
+      if (changes_.changed(m)) out.put(written++, rows.row(r), m);
     }
     if (written >= limit) break;
     base += sz;

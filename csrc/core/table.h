@@ -124,6 +124,13 @@ class Table final : public Storage {
   void for_each_key(const Grouping& g, const int64_t* keys, Fn&& fn) {
     for_each_key(g, keys, fn, [](int) {});
   }
+  // A write that may insert the batch's keys, under the exclusive lock: allocates all it may
+  // need first (prepare_inserts), runs fn(shard, batch position i, hash, row or -1, stamp) for
+  // every key as for_each_key does, then evicts past the capacity; returns how many it evicted.
+  template <class Fn>
+  int64_t write_each_key(const int64_t* keys, int64_t n, Fn&& fn);
+  // Marks row meta `m` written at `stamp` by a plain write (not an optimizer step).
+  void mark_written(RowMeta& m, int64_t stamp) const;
 
   // Gives shard i room for rows_after[i] rows, all or nothing.
   void grow_shards(const int64_t* rows_after);
@@ -169,8 +176,8 @@ class Table final : public Storage {
   CopiedAtomic<int64_t> evicted_total_{0};
   std::vector<Ranked> evict_scratch_;  // restrict's ranking buffer; guarded by mu_ (exclusive)
   // apply_gradients' work buffers, one per shard, kept between calls while they are small
-  // (table.cc: kKeptStepScratchBytes): allocating and freeing them on every call was ~45 of the
-  // ~370 instructions per key of a 4,096-key Adam step at dim 8 (malloc/free, 4 per shard).
+  // (table.cc: kKeptStepScratchBytes): allocating and freeing them (4 per shard) on every call
+  // showed in the step's profile (docs/benchmarks.md, "Measurements behind the code").
   // Guarded by mu_ (exclusive); a clone starts without them.
   struct StepDistinct {
     int64_t row;

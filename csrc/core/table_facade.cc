@@ -42,6 +42,24 @@ class WideKeys {
   std::vector<int64_t> widened_;
 };
 
+// An export into a numeric keys buffer of `key_dtype` (it must be the table's,
+// `table_key_dtype`): `page(keys64)` exports into an int64 keys buffer (null: no keys) and
+// returns how many rows it wrote; an int32 table's keys are exported wide, then narrowed.
+template <typename Page>
+int64_t export_numeric_keys(int32_t table_key_dtype, int32_t key_dtype, void* keys, int64_t limit,
+                            Page page) {
+  if (keys && key_dtype != table_key_dtype)
+    throw std::invalid_argument(std::string("export keys buffer has dtype ") +
+                                key_dtype_name(key_dtype) + " but the table's key dtype is " +
+                                key_dtype_name(table_key_dtype));
+  if (!keys || key_dtype == DE_KEY_INT64) return page(static_cast<int64_t*>(keys));
+  std::vector<int64_t> wide(static_cast<size_t>(limit));
+  const int64_t n = page(wide.data());
+  int32_t* k32 = static_cast<int32_t*>(keys);
+  for (int64_t i = 0; i < n; ++i) k32[i] = static_cast<int32_t>(wide[i]);
+  return n;
+}
+
 }  // namespace
 
 TableFacade::TableFacade(const std::string& config) : rows_(make_storage(config)) {
@@ -170,20 +188,11 @@ int64_t TableFacade::export_rows(int64_t offset, int64_t limit, int32_t key_dtyp
   if (keys && key_dtype == DE_KEY_STRING)
     return strings().export_rows(offset, limit, static_cast<de_string_keys_out*>(keys), values,
                                  slots, slots_given, last_update, update_count, stepped);
-  if (keys && key_dtype != this->key_dtype())
-    throw std::invalid_argument(std::string("export keys buffer has dtype ") +
-                                key_dtype_name(key_dtype) + " but the table's key dtype is " +
-                                key_dtype_name(this->key_dtype()));
   // Without a keys buffer a string-keyed table exports its rows like any other.
-  if (!keys || key_dtype == DE_KEY_INT64)
-    return rows_->export_rows(offset, limit, static_cast<int64_t*>(keys), values, slots,
-                              slots_given, last_update, update_count, stepped);
-  std::vector<int64_t> wide(static_cast<size_t>(limit));
-  const int64_t n = rows_->export_rows(offset, limit, wide.data(), values, slots, slots_given,
-                                       last_update, update_count, stepped);
-  int32_t* k32 = static_cast<int32_t*>(keys);
-  for (int64_t i = 0; i < n; ++i) k32[i] = static_cast<int32_t>(wide[i]);
-  return n;
+  return export_numeric_keys(this->key_dtype(), key_dtype, keys, limit, [&](int64_t* keys64) {
+    return rows_->export_rows(offset, limit, keys64, values, slots, slots_given, last_update,
+                              update_count, stepped);
+  });
 }
 
 int64_t TableFacade::export_changed(int64_t* cursor, int64_t limit, int32_t key_dtype, void* keys,
@@ -195,19 +204,10 @@ int64_t TableFacade::export_changed(int64_t* cursor, int64_t limit, int32_t key_
   if (keys && key_dtype == DE_KEY_STRING)
     return strings().export_changed(cursor, limit, static_cast<de_string_keys_out*>(keys), values,
                                     slots, slots_given, last_update, update_count, stepped);
-  if (keys && key_dtype != this->key_dtype())
-    throw std::invalid_argument(std::string("export keys buffer has dtype ") +
-                                key_dtype_name(key_dtype) + " but the table's key dtype is " +
-                                key_dtype_name(this->key_dtype()));
-  if (!keys || key_dtype == DE_KEY_INT64)
-    return rows_->export_changed(cursor, limit, static_cast<int64_t*>(keys), values, slots,
-                                 slots_given, last_update, update_count, stepped);
-  std::vector<int64_t> wide(static_cast<size_t>(limit));
-  const int64_t n = rows_->export_changed(cursor, limit, wide.data(), values, slots, slots_given,
-                                          last_update, update_count, stepped);
-  int32_t* k32 = static_cast<int32_t*>(keys);
-  for (int64_t i = 0; i < n; ++i) k32[i] = static_cast<int32_t>(wide[i]);
-  return n;
+  return export_numeric_keys(this->key_dtype(), key_dtype, keys, limit, [&](int64_t* keys64) {
+    return rows_->export_changed(cursor, limit, keys64, values, slots, slots_given, last_update,
+                                 update_count, stepped);
+  });
 }
 
 void TableFacade::capture_evicted(int mode) {

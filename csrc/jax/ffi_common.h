@@ -132,6 +132,14 @@ inline bool DecodeChunks(const float* chunks, int n, uint64_t* out) {
   return true;
 }
 
+// The table id in 4 float chunks; false if they are not the chunks of a 63-bit id.
+inline bool DecodeTableId(const float* chunks, int64_t* id) {
+  uint64_t v = 0;
+  if (!DecodeChunks(chunks, 4, &v) || (v >> 63) != 0) return false;
+  *id = static_cast<int64_t>(v);
+  return true;
+}
+
 // The table id a handle operand names. A handle holds exactly one table: under jax.vmap an
 // unbatched handle arrives as [1, 4]; a batch of several tables is refused (one call serves one
 // table).
@@ -141,13 +149,27 @@ inline ffi::Error ReadTableId(Handle handle, int64_t* id) {
         "dualemb: a table handle is float32[4] naming one table, got " +
         std::to_string(handle.element_count()) +
         " values (vmapping over a batch of tables is not supported)");
-  uint64_t v = 0;
-  if (!DecodeChunks(handle.typed_data(), 4, &v) || (v >> 63) != 0)
+  if (!DecodeTableId(handle.typed_data(), id))
     return ffi::Error::InvalidArgument(
         "dualemb: corrupted table handle (its values are not the 16-bit chunks of a table id): "
         "something changed the table's leaves, e.g. an optimizer update or a dtype cast "
         "applied to a pytree that holds the table; keep tables out of what optimizers update");
-  *id = static_cast<int64_t>(v);
+  return ffi::Error::Success();
+}
+
+// The core's 1-based step from a table's step leaf (its int32 count in two float chunks, see
+// dualemb/jax/table.py): count + 1. A count whose chunks are not exact integers (changed by
+// something that treated them as parameters) is refused: it would otherwise give a silently
+// wrong bias correction or schedule. `op` names the call in the error.
+inline ffi::Error ReadStep(const float* chunks, const char* op, int64_t* step) {
+  uint64_t count = 0;
+  if (!DecodeChunks(chunks, 2, &count) || count > 0x7FFFFFFEu)
+    return ffi::Error::InvalidArgument(
+        std::string("dualemb ") + op +
+        ": corrupted step count (the table's step leaf is not the 16-bit chunks of a count): "
+        "something changed the table's leaves, e.g. an optimizer update applied to a pytree "
+        "that holds the table");
+  *step = static_cast<int64_t>(count) + 1;
   return ffi::Error::Success();
 }
 
@@ -229,18 +251,54 @@ inline ffi::Error DecodeKeys(ffi::AnyBuffer keys, int32_t table_key_dtype, Keys*
   return ffi::Error::Success();
 }
 
+// InvalidArgument unless a buffer of `count` values (`what`: "rows", "gradients") holds keys x
+// dim of them.
+inline ffi::Error CheckRowCount(int64_t count, int64_t n, int64_t dim, const char* what) {
+  if (count == n * dim) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(std::string("dualemb: ") + what + " hold " +
+                                     std::to_string(count) + " values, expected keys (" +
+                                     std::to_string(n) + ") x dim (" + std::to_string(dim) + ")");
+}
+
+// What a call on one table's keys works with: the table, its dims, the keys in its key dtype.
+struct TableCall {
+  int64_t table_id = 0;
+  TableDims dims;
+  Keys k;
+};
+
 // Reads the handle's id, looks the table up and decodes its keys; checks that `rows` (if >= 0)
-// holds n * dim floats.
-inline ffi::Error Prepare(Handle handle, ffi::AnyBuffer keys, int64_t* table_id, TableDims* dims,
-                          Keys* k, int64_t rows_count, const char* rows_name) {
-  if (auto e = ReadTableId(handle, table_id); e.failure()) return e;
-  if (auto e = GetDims(*table_id, dims); e.failure()) return e;
-  if (auto e = DecodeKeys(keys, dims->key_dtype, k); e.failure()) return e;
-  if (rows_count >= 0 && rows_count != k->n * dims->dim)
-    return ffi::Error::InvalidArgument(
-        std::string("dualemb: ") + rows_name + " hold " + std::to_string(rows_count) +
-        " values, expected keys (" + std::to_string(k->n) + ") x dim (" +
-        std::to_string(dims->dim) + ")");
+// holds n * dim values.
+inline ffi::Error Prepare(Handle handle, ffi::AnyBuffer keys, int64_t rows_count,
+                          const char* rows_name, TableCall* c) {
+  if (auto e = ReadTableId(handle, &c->table_id); e.failure()) return e;
+  if (auto e = GetDims(c->table_id, &c->dims); e.failure()) return e;
+  if (auto e = DecodeKeys(keys, c->dims.key_dtype, &c->k); e.failure()) return e;
+  if (rows_count < 0) return ffi::Error::Success();
+  return CheckRowCount(rows_count, c->k.n, c->dims.dim, rows_name);
+}
+
+// Prepare for a call with a row buffer in the table's value dtype (`what`: "rows", "deltas"):
+// n * dim values of that dtype.
+inline ffi::Error PrepareRows(Handle handle, ffi::AnyBuffer keys, ffi::AnyBuffer rows,
+                              const char* what, TableCall* c) {
+  if (auto e = Prepare(handle, keys, static_cast<int64_t>(rows.element_count()), what, c);
+      e.failure())
+    return e;
+  return CheckValueType(c->dims, c->table_id, rows.element_type(), what);
+}
+
+// InvalidArgument with `message` unless a buffer of `count` entries has one per key.
+inline ffi::Error CheckPerKey(size_t count, const TableCall& c, const char* message) {
+  if (static_cast<int64_t>(count) == c.k.n) return ffi::Error::Success();
+  return ffi::Error::InvalidArgument(message);
+}
+
+// The end of a write: the core's error if its return code `rc` says it failed (the table is
+// unchanged), else the next version token after `version`.
+inline ffi::Error Written(int rc, const char* op, NextVersion next, float version) {
+  if (rc != 0) return CoreError(op);
+  WriteVersion(next, version);
   return ffi::Error::Success();
 }
 

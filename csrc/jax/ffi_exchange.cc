@@ -39,32 +39,24 @@ ffi::Error ApplyFirstImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                           ffi::Buffer<ffi::F32> grads, ffi::Buffer<ffi::F32> lr,
                           ffi::Buffer<ffi::F32> step_code, ffi::Buffer<ffi::S32> count,
                           NextVersion next) {
-  const float v = ReadVersion(version);
-  int64_t table_id = 0;
-  TableDims dims;
-  Keys k;
-  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, grads.element_count(), "gradients");
-      e.failure())
+  TableCall c;
+  if (auto e = Prepare(handle, keys, grads.element_count(), "gradients", &c); e.failure())
     return e;
   if (lr.element_count() != 1 || step_code.element_count() != 2 || count.element_count() != 1)
     return ffi::Error::InvalidArgument(
         "dualemb apply_gradients_first: lr and count must be scalars, the step float32[2]");
   const int64_t n = count.typed_data()[0];
-  if (n < 0 || n > k.n)
+  if (n < 0 || n > c.k.n)
     return ffi::Error::InvalidArgument("dualemb apply_gradients_first: count " +
                                        std::to_string(n) + " outside [0, " +
-                                       std::to_string(k.n) + "]");
-  uint64_t steps = 0;
-  if (!DecodeChunks(step_code.typed_data(), 2, &steps) || steps > 0x7FFFFFFEu)
-    return ffi::Error::InvalidArgument(
-        "dualemb apply_gradients: corrupted step count (the table's step leaf is not the "
-        "16-bit chunks of a count)");
-  if (n > 0 && de_apply_gradients(table_id, dims.key_dtype, k.data, n, grads.typed_data(),
-                                  lr.typed_data()[0], static_cast<int64_t>(steps) + 1,
-                                  nullptr) != 0)
-    return CoreError("apply_gradients");
-  WriteVersion(next, v);
-  return ffi::Error::Success();
+                                       std::to_string(c.k.n) + "]");
+  int64_t step = 0;
+  if (auto e = ReadStep(step_code.typed_data(), "apply_gradients", &step); e.failure()) return e;
+  const int rc = n == 0 ? 0
+                        : de_apply_gradients(c.table_id, c.dims.key_dtype, c.k.data, n,
+                                             grads.typed_data(), lr.typed_data()[0], step,
+                                             nullptr);
+  return Written(rc, "apply_gradients", next, ReadVersion(version));
 }
 
 }  // namespace

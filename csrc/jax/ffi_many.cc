@@ -57,13 +57,11 @@ ffi::Error PrepareMany(Handle handles, Version versions, const ffi::RemainingArg
   m->batches.assign(count, de_table_batch{});
   std::unordered_set<int64_t> seen;
   for (int64_t t = 0; t < count; ++t) {
-    uint64_t v = 0;
-    if (!DecodeChunks(handles.typed_data() + 4 * t, 4, &v) || (v >> 63) != 0)
+    if (!DecodeTableId(handles.typed_data() + 4 * t, &m->ids[t]))
       return Prefixed(ffi::Error::InvalidArgument(
                           "dualemb: corrupted table handle (its values are not the 16-bit chunks "
                           "of a table id): keep tables out of what optimizers update"),
                       t, count);
-    m->ids[t] = static_cast<int64_t>(v);
     if (distinct && !seen.insert(m->ids[t]).second)
       return ffi::Error::InvalidArgument(
           std::string("dualemb ") + what + ": " + Nth(t, count) + "table " +
@@ -88,11 +86,10 @@ ffi::Error RowsOut(const ffi::RemainingRets& rets, size_t index, int64_t t, Many
   auto rows = rets.get<ffi::AnyBuffer>(index);
   if (rows.has_error()) return Prefixed(rows.error(), t, m->count);
   const TableDims& d = m->dims[t];
-  if (static_cast<int64_t>((*rows)->element_count()) != m->keys[t].n * d.dim)
-    return ffi::Error::InvalidArgument(Nth(t, m->count) + "dualemb: rows hold " +
-                                       std::to_string((*rows)->element_count()) +
-                                       " values, expected keys (" + std::to_string(m->keys[t].n) +
-                                       ") x dim (" + std::to_string(d.dim) + ")");
+  if (auto e = CheckRowCount(static_cast<int64_t>((*rows)->element_count()), m->keys[t].n, d.dim,
+                             "rows");
+      e.failure())
+    return Prefixed(e, t, m->count);
   if (auto e = CheckValueType(d, m->ids[t], (*rows)->element_type(), "rows"); e.failure())
     return Prefixed(e, t, m->count);
   m->batches[t].values = (*rows)->untyped_data();
@@ -186,21 +183,16 @@ ffi::Error ApplyGradientsManyImpl(Handle handles, Version versions, ffi::Buffer<
   for (int64_t t = 0; t < count; ++t) {
     auto grads = rest.get<ffi::Buffer<ffi::F32>>(static_cast<size_t>(count + t));
     if (grads.has_error()) return Prefixed(grads.error(), t, count);
-    if (static_cast<int64_t>(grads->element_count()) != m.keys[t].n * m.dims[t].dim)
-      return ffi::Error::InvalidArgument(Nth(t, count) + "dualemb: gradients hold " +
-                                         std::to_string(grads->element_count()) +
-                                         " values, expected keys (" + std::to_string(m.keys[t].n) +
-                                         ") x dim (" + std::to_string(m.dims[t].dim) + ")");
-    uint64_t steps = 0;
-    if (!DecodeChunks(step_codes.typed_data() + 2 * t, 2, &steps) || steps > 0x7FFFFFFEu)
-      return ffi::Error::InvalidArgument(
-          Nth(t, count) +
-          "dualemb apply_gradients_many: corrupted step count (the table's step leaf is not "
-          "the 16-bit chunks of a count): something changed the table's leaves");
+    if (auto e = CheckRowCount(static_cast<int64_t>(grads->element_count()), m.keys[t].n,
+                               m.dims[t].dim, "gradients");
+        e.failure())
+      return Prefixed(e, t, count);
     de_table_batch& b = m.batches[t];
+    if (auto e = ReadStep(step_codes.typed_data() + 2 * t, "apply_gradients_many", &b.step);
+        e.failure())
+      return Prefixed(e, t, count);
     b.grads = grads->typed_data();
     b.lr = lrs.typed_data()[t];
-    b.step = static_cast<int64_t>(steps) + 1;
   }
   if (de_apply_gradients_many(m.batches.data(), count) != 0)
     return CoreError("apply_gradients_many");

@@ -16,19 +16,17 @@ namespace {
 ffi::Error FindImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                     ffi::Result<ffi::AnyBuffer> values, ffi::ResultBuffer<ffi::PRED> exists) {
   (void)ReadVersion(version);
-  int64_t table_id = 0;
-  TableDims dims;
-  Keys k;
-  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, values->element_count(), "rows");
-      e.failure())
-    return e;
-  if (auto e = CheckValueType(dims, table_id, values->element_type(), "rows"); e.failure())
-    return e;
+  TableCall c;
+  if (auto e = PrepareRows(handle, keys, *values, "rows", &c); e.failure()) return e;
   // An empty `exists` result means the caller does not want it (lookup).
   const bool want_exists = exists->element_count() != 0;
-  if (want_exists && static_cast<int64_t>(exists->element_count()) != k.n)
-    return ffi::Error::InvalidArgument("dualemb find: exists must have one entry per key");
-  if (de_find(table_id, dims.key_dtype, k.data, k.n, values->untyped_data(),
+  if (want_exists) {
+    if (auto e = CheckPerKey(exists->element_count(), c,
+                             "dualemb find: exists must have one entry per key");
+        e.failure())
+      return e;
+  }
+  if (de_find(c.table_id, c.dims.key_dtype, c.k.data, c.k.n, values->untyped_data(),
               want_exists ? reinterpret_cast<uint8_t*>(exists->typed_data()) : nullptr) != 0)
     return CoreError("find");
   return ffi::Error::Success();

@@ -10,35 +10,21 @@ namespace dualemb_jax {
 namespace {
 
 // apply_gradients: one fused optimizer step (duplicates' gradients summed, missing keys
-// inserted first). lr (float32) and the table's step count are operands so schedules work. The
-// count arrives as the table pytree carries it: the int32 count in 16-bit float chunks (see
-// dualemb/jax/table.py); the core gets the 1-based step count + 1. A count whose chunks are
-// not exact integers (changed by something that treated them as parameters) is refused: it
-// would otherwise give a silently wrong bias correction or schedule.
+// inserted first). lr (float32) and the table's step count (ReadStep) are operands so schedules
+// work.
 ffi::Error ApplyGradientsImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                               ffi::Buffer<ffi::F32> grads, ffi::Buffer<ffi::F32> lr,
                               ffi::Buffer<ffi::F32> step_code, NextVersion next) {
-  const float v = ReadVersion(version);
-  int64_t table_id = 0;
-  TableDims dims;
-  Keys k;
-  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, grads.element_count(), "gradients");
-      e.failure())
-    return e;
+  TableCall c;
+  if (auto e = Prepare(handle, keys, grads.element_count(), "gradients", &c); e.failure()) return e;
   if (lr.element_count() != 1 || step_code.element_count() != 2)
     return ffi::Error::InvalidArgument(
         "dualemb apply_gradients: lr must be a scalar and the step count float32[2]");
-  uint64_t count = 0;
-  if (!DecodeChunks(step_code.typed_data(), 2, &count) || count > 0x7FFFFFFEu)
-    return ffi::Error::InvalidArgument(
-        "dualemb apply_gradients: corrupted step count (the table's step leaf is not the "
-        "16-bit chunks of a count): something changed the table's leaves, e.g. an optimizer "
-        "update applied to a pytree that holds the table");
-  if (de_apply_gradients(table_id, dims.key_dtype, k.data, k.n, grads.typed_data(),
-                         lr.typed_data()[0], static_cast<int64_t>(count) + 1, nullptr) != 0)
-    return CoreError("apply_gradients");
-  WriteVersion(next, v);
-  return ffi::Error::Success();
+  int64_t step = 0;
+  if (auto e = ReadStep(step_code.typed_data(), "apply_gradients", &step); e.failure()) return e;
+  return Written(de_apply_gradients(c.table_id, c.dims.key_dtype, c.k.data, c.k.n,
+                                    grads.typed_data(), lr.typed_data()[0], step, nullptr),
+                 "apply_gradients", next, ReadVersion(version));
 }
 
 // unique: the distinct keys of a batch in first-occurrence order, padded to the batch length

@@ -13,39 +13,26 @@ namespace {
 ffi::Error FindOrInsertImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                             NextVersion next, ffi::Result<ffi::AnyBuffer> values,
                             ffi::ResultBuffer<ffi::PRED> exists) {
-  const float v = ReadVersion(version);
-  int64_t table_id = 0;
-  TableDims dims;
-  Keys k;
-  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, values->element_count(), "rows"); e.failure())
+  TableCall c;
+  if (auto e = PrepareRows(handle, keys, *values, "rows", &c); e.failure()) return e;
+  if (auto e = CheckPerKey(exists->element_count(), c,
+                           "dualemb find_or_insert: exists needs one entry per key");
+      e.failure())
     return e;
-  if (auto e = CheckValueType(dims, table_id, values->element_type(), "rows"); e.failure())
-    return e;
-  if (static_cast<int64_t>(exists->element_count()) != k.n)
-    return ffi::Error::InvalidArgument("dualemb find_or_insert: exists needs one entry per key");
-  if (de_find_or_insert(table_id, dims.key_dtype, k.data, k.n, values->untyped_data(),
-                        reinterpret_cast<uint8_t*>(exists->typed_data()), nullptr) != 0)
-    return CoreError("find_or_insert");
-  WriteVersion(next, v);
-  return ffi::Error::Success();
+  return Written(de_find_or_insert(c.table_id, c.dims.key_dtype, c.k.data, c.k.n,
+                                   values->untyped_data(),
+                                   reinterpret_cast<uint8_t*>(exists->typed_data()), nullptr),
+                 "find_or_insert", next, ReadVersion(version));
 }
 
 // insert_or_assign: writes rows (the last of duplicate keys wins).
 ffi::Error InsertImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                       ffi::AnyBuffer values, NextVersion next) {
-  const float v = ReadVersion(version);
-  int64_t table_id = 0;
-  TableDims dims;
-  Keys k;
-  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, values.element_count(), "rows"); e.failure())
-    return e;
-  if (auto e = CheckValueType(dims, table_id, values.element_type(), "rows"); e.failure())
-    return e;
-  if (de_insert_or_assign(table_id, dims.key_dtype, k.data, k.n, values.untyped_data(),
-                          nullptr) != 0)
-    return CoreError("insert_or_assign");
-  WriteVersion(next, v);
-  return ffi::Error::Success();
+  TableCall c;
+  if (auto e = PrepareRows(handle, keys, values, "rows", &c); e.failure()) return e;
+  return Written(de_insert_or_assign(c.table_id, c.dims.key_dtype, c.k.data, c.k.n,
+                                     values.untyped_data(), nullptr),
+                 "insert_or_assign", next, ReadVersion(version));
 }
 
 // insert_or_assign of the rows whose mask entry is true (the others are not touched). Used to
@@ -53,69 +40,53 @@ ffi::Error InsertImpl(Handle handle, Version version, ffi::AnyBuffer keys,
 ffi::Error InsertMaskedImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                             ffi::AnyBuffer values, ffi::Buffer<ffi::PRED> mask,
                             NextVersion next) {
-  const float v = ReadVersion(version);
-  int64_t table_id = 0;
-  TableDims dims;
-  Keys k;
-  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, values.element_count(), "rows"); e.failure())
+  TableCall c;
+  if (auto e = PrepareRows(handle, keys, values, "rows", &c); e.failure()) return e;
+  if (auto e = CheckPerKey(mask.element_count(), c,
+                           "dualemb insert: mask needs one entry per key");
+      e.failure())
     return e;
-  if (auto e = CheckValueType(dims, table_id, values.element_type(), "rows"); e.failure())
-    return e;
-  if (static_cast<int64_t>(mask.element_count()) != k.n)
-    return ffi::Error::InvalidArgument("dualemb insert: mask needs one entry per key");
   const bool* m = mask.typed_data();
-  const size_t kbytes = dims.key_dtype == DE_KEY_INT64 ? 8 : 4;
-  const int64_t dim = dims.dim;
-  std::vector<char> kbuf(kbytes * k.n);
-  const size_t row_bytes = ValueBytes(dims) * static_cast<size_t>(dim);
+  const size_t kbytes = c.dims.key_dtype == DE_KEY_INT64 ? 8 : 4;
+  const size_t row_bytes = ValueBytes(c.dims) * static_cast<size_t>(c.dims.dim);
   const char* src = static_cast<const char*>(values.untyped_data());
-  std::vector<char> vbuf(row_bytes * static_cast<size_t>(k.n));
+  std::vector<char> kbuf(kbytes * c.k.n);
+  std::vector<char> vbuf(row_bytes * static_cast<size_t>(c.k.n));
   int64_t out = 0;
-  for (int64_t i = 0; i < k.n; ++i) {
+  for (int64_t i = 0; i < c.k.n; ++i) {
     if (!m[i]) continue;
-    std::memcpy(kbuf.data() + out * kbytes, static_cast<const char*>(k.data) + i * kbytes,
+    std::memcpy(kbuf.data() + out * kbytes, static_cast<const char*>(c.k.data) + i * kbytes,
                 kbytes);
     std::memcpy(vbuf.data() + out * row_bytes, src + i * row_bytes, row_bytes);
     ++out;
   }
-  if (out > 0 && de_insert_or_assign(table_id, dims.key_dtype, kbuf.data(), out, vbuf.data(),
-                                     nullptr) != 0)
-    return CoreError("insert_or_assign");
-  WriteVersion(next, v);
-  return ffi::Error::Success();
+  const int rc = out == 0 ? 0
+                          : de_insert_or_assign(c.table_id, c.dims.key_dtype, kbuf.data(), out,
+                                                vbuf.data(), nullptr);
+  return Written(rc, "insert_or_assign", next, ReadVersion(version));
 }
 
 // accum (TFRA's rule): absent && !exists -> insert delta; present && exists -> row += delta.
 ffi::Error AccumImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                      ffi::AnyBuffer deltas, ffi::Buffer<ffi::PRED> exists,
                      NextVersion next) {
-  const float v = ReadVersion(version);
-  int64_t table_id = 0;
-  TableDims dims;
-  Keys k;
-  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, deltas.element_count(), "deltas"); e.failure())
+  TableCall c;
+  if (auto e = PrepareRows(handle, keys, deltas, "deltas", &c); e.failure()) return e;
+  if (auto e = CheckPerKey(exists.element_count(), c,
+                           "dualemb accum: exists needs one entry per key");
+      e.failure())
     return e;
-  if (auto e = CheckValueType(dims, table_id, deltas.element_type(), "deltas"); e.failure())
-    return e;
-  if (static_cast<int64_t>(exists.element_count()) != k.n)
-    return ffi::Error::InvalidArgument("dualemb accum: exists needs one entry per key");
-  if (de_accum(table_id, dims.key_dtype, k.data, k.n, deltas.untyped_data(),
-               reinterpret_cast<const uint8_t*>(exists.typed_data()), nullptr) != 0)
-    return CoreError("accum");
-  WriteVersion(next, v);
-  return ffi::Error::Success();
+  return Written(de_accum(c.table_id, c.dims.key_dtype, c.k.data, c.k.n, deltas.untyped_data(),
+                          reinterpret_cast<const uint8_t*>(exists.typed_data()), nullptr),
+                 "accum", next, ReadVersion(version));
 }
 
 // erase: removes keys (with their slots); absent keys are ignored.
 ffi::Error EraseImpl(Handle handle, Version version, ffi::AnyBuffer keys, NextVersion next) {
-  const float v = ReadVersion(version);
-  int64_t table_id = 0;
-  TableDims dims;
-  Keys k;
-  if (auto e = Prepare(handle, keys, &table_id, &dims, &k, -1, ""); e.failure()) return e;
-  if (de_erase(table_id, dims.key_dtype, k.data, k.n) != 0) return CoreError("erase");
-  WriteVersion(next, v);
-  return ffi::Error::Success();
+  TableCall c;
+  if (auto e = Prepare(handle, keys, -1, "", &c); e.failure()) return e;
+  return Written(de_erase(c.table_id, c.dims.key_dtype, c.k.data, c.k.n), "erase", next,
+                 ReadVersion(version));
 }
 
 }  // namespace

@@ -168,6 +168,24 @@ struct ManyCall {
   std::vector<de_table_batch> b;
 };
 
+// find_many and find_or_insert_many (`fn`: de_find_many or de_find_or_insert_many): every
+// table's rows into `values` (and whether each key exists into `exists`, unless None).
+void find_rows_many(ManyCall& c, std::vector<py::array>& values, const py::object& exists,
+                    int (*fn)(de_table_batch*, int64_t)) {
+  std::vector<std::unique_ptr<dualemb_py::RowsOut>> out;
+  std::vector<py::array> ex = c.list_or_none(exists, "exists");
+  c.expect(values.size(), "values");
+  for (size_t i = 0; i < c.n; ++i) {
+    RowFormat f = row_format(c.b[i].id);
+    out.emplace_back(new dualemb_py::RowsOut(values[i], c.k[i].n * f.dim, f.value_dtype,
+                                             "values"));
+    c.b[i].values = out.back()->ptr();
+    if (!ex.empty()) c.b[i].exists = typed_buffer<uint8_t>(ex[i], c.k[i].n, "exists");
+  }
+  c.run(fn);
+  for (size_t i = 0; i < c.n; ++i) out[i]->fill(c.k[i].n * dim_of(c.b[i].id));
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
@@ -345,35 +363,13 @@ PYBIND11_MODULE(_core, m) {
   m.def("find_many", [](const std::vector<int64_t>& ids, const std::vector<py::array>& keys,
                         std::vector<py::array> values, py::object exists) {
     ManyCall c(ids, keys, "find_many");
-    std::vector<std::unique_ptr<dualemb_py::RowsOut>> out;
-    std::vector<py::array> ex = c.list_or_none(exists, "exists");
-    c.expect(values.size(), "values");
-    for (size_t i = 0; i < ids.size(); ++i) {
-      RowFormat f = row_format(ids[i]);
-      out.emplace_back(new dualemb_py::RowsOut(values[i], c.k[i].n * f.dim, f.value_dtype,
-                                               "values"));
-      c.b[i].values = out.back()->ptr();
-      if (!ex.empty()) c.b[i].exists = typed_buffer<uint8_t>(ex[i], c.k[i].n, "exists");
-    }
-    c.run(de_find_many);
-    for (size_t i = 0; i < ids.size(); ++i) out[i]->fill(c.k[i].n * dim_of(ids[i]));
+    find_rows_many(c, values, exists, de_find_many);
   });
   m.def("find_or_insert_many", [](const std::vector<int64_t>& ids,
                                   const std::vector<py::array>& keys,
                                   std::vector<py::array> values, py::object exists) {
     ManyCall c(ids, keys, "find_or_insert_many");
-    std::vector<std::unique_ptr<dualemb_py::RowsOut>> out;
-    std::vector<py::array> ex = c.list_or_none(exists, "exists");
-    c.expect(values.size(), "values");
-    for (size_t i = 0; i < ids.size(); ++i) {
-      RowFormat f = row_format(ids[i]);
-      out.emplace_back(new dualemb_py::RowsOut(values[i], c.k[i].n * f.dim, f.value_dtype,
-                                               "values"));
-      c.b[i].values = out.back()->ptr();
-      if (!ex.empty()) c.b[i].exists = typed_buffer<uint8_t>(ex[i], c.k[i].n, "exists");
-    }
-    c.run(de_find_or_insert_many);
-    for (size_t i = 0; i < ids.size(); ++i) out[i]->fill(c.k[i].n * dim_of(ids[i]));
+    find_rows_many(c, values, exists, de_find_or_insert_many);
     return c.evicted();
   });
   m.def("apply_gradients_many",

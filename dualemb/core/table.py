@@ -1,46 +1,12 @@
 """``Table``: the numpy interface of one core table.
 
 Every method validates its arguments before calling into C++, so bad input raises a clear
-exception and leaves the table unchanged. The GIL is released while C++ works, and batched
-calls fan out on several cores internally; any number of Python threads may share a table.
-Keys may have any shape (a 0-d key gives a ``(dim,)`` row, an empty list a ``(0, dim)`` array);
-rows come back as ``keys.shape + (dim,)``.
-
-A ``Table`` is a handle: several handles (and the TF and JAX front ends) may share one core table.
-A handle caches only what can never change (id, dim, key dtype); the optimizer, its slots, size and
-contents are read from the core at each use.
-
-Evictions: a table with a ``capacity`` evicts keys when a write grows it past the capacity. Every
-write that can evict (``find_or_insert``, ``insert_or_assign``, ``accum``, ``import_rows``,
-``apply_gradients``) records the number it evicted in ``last_evicted`` (per thread), and those
-returning an int return the same number; ``evicted_total`` counts all evictions of the table.
-Evictions keep the ``capacity`` keys that rank best by the ``evict_policy`` score (last update for
-"recency", update count for "frequency"), equal scores ranking the smaller key first; so a batch
-larger than the capacity keeps a defined subset: with all of its keys new (one write, one stamp,
-equal counts), its ``capacity`` smallest keys.
-
-Value dtypes: rows (and optimizer slots) are stored in the table's ``value_dtype`` (float32,
-float16, bfloat16 — ``ml_dtypes.bfloat16`` —, float64, int8, int32 or int64; float16/bfloat16 take 2
-bytes per element), and every method returns arrays of that dtype. Inputs convert by the rule of
-``dualemb.core.value_dtypes.as_values``: floats round into float tables, integer tables take only
-integers that fit, anything else raises TypeError. Training needs float32, float16 or bfloat16
-(gradients are float32; a float16/bfloat16 row is stepped in float32 and rounded back). Integer
-tables take only constant initializers (zeros, a number, a vector) exact in their dtype; random
-initializers give float16/bfloat16/float64 tables the float32 row of (seed, key), converted.
-
-String values: ``value_dtype="string"`` (int64 or int32 keys) makes each row ``dim`` byte
-strings, returned as object arrays of ``bytes`` of shape ``keys.shape + (dim,)``; ``str`` inputs
-are UTF-8 encoded (``dualemb.core.value_dtypes.as_string_values``). Any bytes round-trip exactly
-(NULs, empty strings, non-UTF-8). The initializer is the default row a missing key reads as: None
-(empty strings), a ``str``/``bytes`` for every column, a list of dim (or 1) of them, or a spec
-``{"initializer": "constant", "value": ...}`` / ``{"initializer": "vector", "values": [...]}``
-(defaults are stored as JSON text, so they must be valid UTF-8). accum, optimizers and
-apply_gradients raise ValueError naming the dtype; ``memory_bytes`` counts the strings.
-
-Memory: rows live in chunks mapped from the OS; ``clear()`` frees every chunk and index array at
-once, ``erase``/``restrict`` free chunks as they empty (one spare chunk per shard is kept for
-reuse) and shrink a shard's index when it is under 1/8 full. ``memory_bytes()`` reports what is
-held, so it falls with them.
+exception and leaves the table unchanged; any number of Python threads may share a table (the
+GIL is released while C++ works). Keys may have any shape; rows come back as
+``keys.shape + (dim,)`` in the table's ``value_dtype``. A ``Table`` is a handle: several handles
+(and the TF and JAX front ends) may share one core table, and a handle caches only what never
+changes (id, dim, key dtype). Evictions, value dtypes, string values and memory:
+docs/core.md.
 """
 
 from __future__ import annotations

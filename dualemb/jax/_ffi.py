@@ -1,41 +1,15 @@
 """The XLA FFI custom calls of ``dualemb._jax_ffi``, one thin wrapper each.
 
-Importing this module registers the handlers for the CPU platform. The CUDA handlers of the
-targets marked 1 in the list's CUDA column (``dualemb._jax_ffi_cuda``, built with the GPU table)
-are registered for the platform "CUDA" under the same names by :func:`register_cuda`, when the
-first GPU table is made; calls on a GPU table (``gpu=True``) always lower to them.
-
-Wrappers only shape arguments; validation happens one level up (``dualemb.jax.ops``) so that bad
-input raises at trace time. Conventions (see ``csrc/jax/ffi_common.h``):
-
-* ``handle`` is the table's id as float32[4] chunks (see ``dualemb.jax._chunks``): the first
-  operand of every table call, a runtime value, so compiled code does not depend on the table.
-* ``version`` is the table's float32 version token. Every call takes it; mutating calls
-  (``has_side_effect=True``) return the next one. Passing the token along is what orders the
-  calls: XLA keeps side-effecting custom calls alive but not in program order.
-* Both go through ``stop_gradient``: they are identities, not differentiable inputs (a table
-  inside a pytree given to ``jax.grad`` gets zero cotangents instead of an error about a
-  missing differentiation rule).
-* row buffers (rows, values, deltas, slots) are in the table's value dtype, given by the
-  caller from the handle's static ``value_dtype`` (the handler checks it against the table);
-  gradients and learning rates are float32.
-* ``keys`` is an int64 or int32 array, or uint32 pairs ``[..., 2]`` (int64 ids in 32-bit mode);
-  ``shape`` is the ids' logical shape (without the pair axis).
-* ``vmap_method="expand_dims"``: under ``jax.vmap`` the whole batch goes to one call.
-
-Two lowerings of every call (chosen when it is traced, in :func:`_call`):
-
-* the native XLA FFI handler, registered for the CPU platform only;
-* a host callback (``dualemb.jax._host``: the same semantics in numpy over the pybind core),
-  used on every platform without the native handler (GPU, TPU: the table stays in host memory)
-  and on CPU when ``DUALEMB_JAX_HOST_CALLBACK=1`` is set before ``dualemb.jax`` is imported
-  (``=0`` forces the FFI, e.g. to get its error on a GPU). Writes are unordered
-  ``jax.experimental.io_callback`` s (kept alive as side effects, like the FFI's
-  ``has_side_effect``) and reads ``jax.pure_callback`` s; both are ordered by the version token,
-  exactly as the FFI calls are. ``io_callback(ordered=True)`` is not used: its global order adds
-  nothing to the token's, and it cannot be ``vmap``-ed or run inside ``shard_map`` on several
-  devices. Under ``vmap`` a ``custom_vmap`` rule gives the FFI's ``expand_dims`` behaviour
-  (one call for the whole batch: ``apply_gradients`` stays one optimizer step).
+Importing this module registers the handlers for the CPU platform; :func:`register_cuda`
+registers the CUDA handlers (``dualemb._jax_ffi_cuda``) under the same names when the first GPU
+table is made. Wrappers only shape arguments: validation happens one level up
+(``dualemb.jax.ops``) so that bad input raises at trace time. Every table call takes the
+table's ``handle`` and ``version`` token first (both through ``stop_gradient``); mutating calls
+(``has_side_effect=True``) return the next version, which is what orders them. The operand
+conventions: ``csrc/jax/ffi_common.h``. Each call lowers either to the native handler (CPU) or
+to its host-callback twin in ``dualemb.jax._host`` (other platforms, or
+``DUALEMB_JAX_HOST_CALLBACK=1``), chosen when it is traced (:func:`_call`; docs/jax.md,
+"Platforms without the native handler").
 """
 
 from __future__ import annotations

@@ -2,45 +2,17 @@
 
 For optimizers the core does not fuse (e.g. ``optax.chain(optax.clip(1.0),
 optax.scale_by_adam(), optax.scale(-lr))``). The transformation's state for one row,
-``tx.init(zeros(dim))``, is split into
+``tx.init(zeros(dim))``, is split into per-row leaves (float32, float16 or bfloat16, shape
+``(dim,)``), kept in companion core tables of the leaf's dtype with the table's ids, and scalar
+leaves (e.g. ``count``), carried in the table pytree's ``opt_state``.
 
-* per-row leaves (float32, float16 or bfloat16, shape ``(dim,)``): kept in companion core
-  tables of the leaf's dtype (e.g. Optax's ``mu_dtype=jnp.bfloat16``), one per leaf, with the
-  same ids as the table and the leaf's initial value as their initializer;
-* scalar leaves (shape ``()``, e.g. ``count``): shared by all rows, carried in the table
-  pytree's ``opt_state``, exactly as Optax keeps one count for a dense parameter.
-
-A step (:func:`apply`): the batch's distinct ids are found (one FFI call), their gradients
-summed, their rows and state rows read (inserting missing ids, as the fused path does), the
-transformation applied to those ``[n, dim]`` arrays with the rows as ``params``, and the new
-rows and state written back.
-
-What "equal to dense Optax" means here. One step updates exactly the batch's distinct ids, as
-``tx.update`` would update the dense matrix made of those rows (gradient: the sum over each id's
-positions), with their state rows (an id new to the table starts from its initializer row and
-``tx.init``'s state); every other row and its state rows are unchanged, and the scalar state
-(e.g. ``count``) advances once per step. Hence:
-
-* with every row of the table in every batch, the table equals a dense matrix trained by Optax;
-* a row never in a batch keeps its initializer value and is not inserted; a row left out of a
-  step keeps its value and state (lazy updates: dense Optax would move it by momentum or weight
-  decay even with a zero gradient, and its state would decay);
-* transformations that look across rows (``clip_by_global_norm``, ``lamb``/``lars`` trust
-  ratios) see the batch's distinct rows only, never the padding of a batch with duplicate ids
-  and never rows outside the batch. Where a zero gradient leaves a row unchanged (e.g.
-  ``chain(clip_by_global_norm, sgd)``) that is dense Optax on the whole table; where it does not
-  (e.g. ``add_decayed_weights`` before the clip, whose dense global norm includes the decay of
-  every row), the generic path deliberately differs from the whole dense matrix.
-
-The batch's distinct rows are padded to a static count under ``jit``; the padding rows are made
-neutral (zero params, zero gradient, initial state), which sums over rows ignore. A
-transformation whose result depends on the number of rows otherwise (a mean over the whole
-leaf: ``clip_by_block_rms``, ``scale_by_param_block_rms``) is refused with ``TypeError`` when the
-table is created: found by running two steps on a few rows, with and without padding.
-
-A transformation whose state has other leaves (matrices, per-row integers) or whose initial
-state depends on the parameters (e.g. lookahead's slow copy) cannot be carried: :meth:`of`
-raises ``TypeError`` naming the leaf.
+A step (:func:`apply`) updates exactly the batch's distinct ids, as ``tx.update`` would update the
+dense matrix made of those rows (gradient: the sum over each id's positions), inserting missing
+ids; every other row and its state rows are unchanged (lazy updates), and the scalar state
+advances once per step. A transformation it cannot carry — state leaves of another shape,
+an initial state that depends on the parameters, or a result that depends on the number of rows
+(found when the table is created) — is refused with ``TypeError`` naming the leaf or the reason.
+Where this differs from dense Optax on the whole table: docs/jax.md, "The generic path".
 """
 
 from __future__ import annotations

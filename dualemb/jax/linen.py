@@ -1,45 +1,13 @@
 """Flax linen: :class:`Embed`, a module that maps ids to the rows of a dynamic table.
 
 The table handle lives in the variable collection ``"dualemb"`` (:data:`COLLECTION`), beside
-``"params"`` and outside it, so the dense optimizer never sees it. Training follows the recipe
-of :mod:`dualemb.jax.nnx`: :func:`value_and_grad` returns the gradient of the rows every
-``Embed`` returned beside the usual parameter gradients, and :func:`apply_gradients` hands it to
-each table's optimizer, returning the next collection::
-
-    class Model(nn.Module):
-        @nn.compact
-        def __call__(self, ids):
-            x = dej.linen.Embed(16, optimizer=dej.optimizers.adam(1e-3), name="user")(ids)
-            return nn.Dense(1)(x.sum(-2)).squeeze(-1)
-
-    model = Model()
-    variables = model.init(jax.random.key(0), ids)      # creates the table
-    params, tables = variables["params"], variables["dualemb"]
-    tx = optax.adam(1e-3)
-    opt_state = tx.init(params)
-
-    @jax.jit
-    def train_step(params, tables, opt_state, ids, y):
-        def loss_fn(params):
-            pred = model.apply({"params": params, "dualemb": tables}, ids)
-            return jnp.mean((pred - y) ** 2)
-        loss, grads, emb_grads = dej.linen.value_and_grad(loss_fn)(params)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)          # dense parameters (Optax)
-        tables = dej.linen.apply_gradients(tables, emb_grads)  # tables (their own optimizers)
-        return params, tables, opt_state, loss
-
-Each ``model.init`` creates new tables (as it draws new parameters); ``dualemb.jax.destroy``
-them (:func:`tables` lists them) when done. Plain ``jax.grad`` / ``jax.value_and_grad`` with
-respect to ``params`` of a loss that uses an ``Embed`` raises ``TypeError`` naming
-:func:`value_and_grad` (each ``Embed`` owns a zero parameter ``dualemb_grad_guard`` whose
-backward rule raises) rather than leave the tables untrained. Checkpoints:
-``dualemb.jax.orbax.TablesSave(dej.linen.tables(tables))`` beside ``params``.
-
-``Embed.attend(query, ids)`` is linen's tied output embedding over the candidate ``ids``:
-logits ``query @ rows(ids).T``. A hash table has no vocabulary, so "every row" (what
-``nn.Embed.attend`` uses) is not defined — it would be whichever keys happen to be inserted,
-growing with training — and ``attend`` without ``ids`` raises ``TypeError``.
+``"params"`` and outside it, so the dense optimizer never sees it. :func:`value_and_grad`
+returns the gradient of the rows every ``Embed`` returned beside the usual parameter gradients,
+and :func:`apply_gradients` hands it to each table's optimizer, returning the next collection.
+Each ``model.init`` creates new tables (:func:`tables` lists them, to destroy or save). Plain
+``jax.grad`` of a loss through an ``Embed`` raises ``TypeError`` naming :func:`value_and_grad`
+rather than leave the tables untrained; ``Embed.attend`` without candidate ``ids`` raises
+``TypeError`` (a hash table has no vocabulary). The training step: docs/jax.md, "Flax linen".
 """
 
 from __future__ import annotations

@@ -1,61 +1,16 @@
-"""Flax NNX: :class:`Embed`, a module that owns a dynamic table and maps ids to rows.
+"""Flax NNX: :class:`Embed`, a module that owns a dynamic table and maps ids to rows, and
+:class:`ShardedEmbed`, the same over a table sharded on a mesh (:mod:`dualemb.jax.sharded`; its
+ids sharded along their first axis).
 
-Training needs the gradient of the loss with respect to the rows each ``Embed`` returned;
-:func:`value_and_grad` gives it beside the usual parameter gradients, and :func:`apply_gradients`
-hands it to each table's optimizer::
-
-    class Model(nnx.Module):
-        def __init__(self, rngs):
-            self.emb = dej.nnx.Embed(16, optimizer=dej.optimizers.adam(1e-3))
-            self.out = nnx.Linear(16, 1, rngs=rngs)
-        def __call__(self, ids):
-            return self.out(self.emb(ids).sum(axis=-2))
-
-    model = Model(nnx.Rngs(0))
-    opt = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
-
-    @nnx.jit
-    def train_step(model, opt, ids, y):
-        loss_fn = lambda model: jnp.mean((model(ids).squeeze(-1) - y) ** 2)
-        loss, grads, emb_grads = dej.nnx.value_and_grad(loss_fn)(model)
-        opt.update(model, grads)                      # dense parameters (Optax)
-        dej.nnx.apply_gradients(model, emb_grads)     # tables (their own optimizers)
-        return loss
-
-In a sharded model, :class:`ShardedEmbed` (``ShardedEmbed(16, mesh=mesh, optimizer=...)``) holds
-a table sharded over the mesh (:mod:`dualemb.jax.sharded`) and trains with the same
-:func:`value_and_grad` / :func:`apply_gradients`; its ids must be sharded along their first axis.
-
-Habits that would silently skip the tables fail loudly instead:
-
-* plain ``nnx.value_and_grad`` / ``nnx.grad`` (or ``jax.grad``) of a loss that uses an ``Embed``
-  raises ``TypeError`` naming :func:`value_and_grad`: each ``Embed`` owns a zero scalar
-  :class:`TableGradGuard` (an ``nnx.Param`` named ``dualemb_grad_guard``, so ``wrt=nnx.Param``
-  differentiates it) whose backward rule raises; :mod:`dualemb.interop` never exchanges it;
-  the tables' own optimizers can only be reached through the row
-  gradients this module's :func:`value_and_grad` returns.
-* ``ocp.StandardCheckpointer().save(path, nnx.state(model))`` (or a restore with such a target)
-  raises ``ValueError`` saying to use ``dualemb.jax.orbax``: a table's leaves carry keys Orbax
-  refuses (see :mod:`dualemb.jax._pytree`), because the rows are not in the state. Save and
-  restore a model like this::
-
-    import orbax.checkpoint as ocp
-    from dualemb.jax import orbax as deo
-    dense = lambda model: nnx.state(model, nnx.Not(dej.nnx.EmbeddingTable))
-    mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(dense(model)),
-                                            tables=deo.TablesSave(dej.nnx.tables(model))))
-    restored = mngr.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(dense(model)),
-        tables=deo.TablesRestore(dej.nnx.tables(model))))
-    nnx.update(model, restored.state)
-    dej.nnx.set_tables(model, restored.tables)
-
-How it works: ``value_and_grad`` first traces ``loss_fn`` abstractly to learn the shape of the
-rows every ``Embed`` call returns, then differentiates ``loss_fn`` with a zero "tap" added to
-each of those rows (a differentiable input of the right shape): the tap's gradient is the
-per-row gradient. The ids each call saw come back with it. Calls outside ``value_and_grad`` are
-plain lookups. An ``Embed`` called several times (a table shared by features) gets one combined
-update.
+Training: :func:`value_and_grad` returns the loss, the usual parameter gradients and the row
+gradients of every ``Embed`` call; :func:`apply_gradients` steps each table with its own
+optimizer (an ``Embed`` called several times gets one combined update). Calls outside
+``value_and_grad`` are plain lookups. What would silently skip the tables raises instead: plain
+``nnx.value_and_grad`` / ``nnx.grad`` / ``jax.grad`` of a loss through an ``Embed`` raises
+``TypeError`` naming :func:`value_and_grad` (each ``Embed`` owns a zero :class:`TableGradGuard`
+whose backward rule raises), and an Orbax ``StandardCheckpointer`` save or restore of
+``nnx.state(model)`` raises ``ValueError`` naming ``dualemb.jax.orbax``. The training step, the
+checkpoint recipe and how the row gradients are found: docs/jax.md, "Flax NNX".
 """
 
 from __future__ import annotations

@@ -1,38 +1,16 @@
 """Table: the JAX handle of a core table — a small pytree.
 
 Leaves (traced under jit, so one compiled function serves every table of the same kind):
-
-* ``handle`` (float32[4]): the table's id. Identity is a runtime operand of every FFI call, not
-  a compile-time constant: a step compiled for one table runs on another (a new one, or one
-  ``dualemb.jax.load`` made) without being traced or compiled again. :attr:`Table.id` reads it
-  back as a Python int outside ``jit``.
-* ``version`` (float32 scalar): a token. Every operation takes it; every write returns a table
-  with the next version. This data dependence is what orders the side-effecting custom calls —
-  XLA keeps them alive but not in program order — so always use the table a write returned.
-* ``step``: how many optimizer updates ``apply_gradients`` has made (Optax's ``count``; read it
-  as an int32 with :attr:`Table.step`). The schedule's learning rate and the 1-based step the
-  core uses for bias correction come from it. The core does not store it: it lives here, and
-  checkpoints record it.
-* ``opt_state``: the generic Optax path's scalar state (e.g. ``count``), or a fused optimizer's
-  injected learning rate (``dualemb.jax.optimizers.inject_hyperparams``), else ``None``; and
-  ``slot_tables``, the handles of the generic path's companion state tables.
-
-Every leaf is float32 (integers are stored as exact 16-bit chunks, see
-:mod:`dualemb.jax._chunks`), so a table may sit in a pytree given to ``jax.grad``: it gets zero
-cotangents, and ``p - lr * g`` leaves it unchanged. Do not let an optimizer with weight decay
-(or a dtype cast) update a pytree holding a table: the FFI calls then refuse the changed handle
-or step ("corrupted table handle").
-
-Static (part of the treedef, so part of jit's cache key): what changes the compiled code —
-``dim``, key dtype, the optimizer and the number of companion state tables.
-
-The rows themselves live in the core's process-wide registry under the id, shared with
-``dualemb.core.Table`` and ``dualemb.tf`` in the same process.
-
-Lifetime: a table lives until :func:`destroy` (like ``jax.Array.delete``). JAX copies a pytree
-freely (every ``jit`` call, ``tree_map`` and transformation makes new ``Table`` objects sharing
-one id, and compiled steps return more), so no Python object owns the table and a finalizer on
-one copy would free rows that other copies still use; see docs/jax.md.
+``handle`` (the table's id, a runtime operand of every FFI call: :attr:`Table.id` reads it back
+outside ``jit``), ``version`` (the token that orders the side-effecting calls: always use the
+table a write returned), ``step`` (optimizer updates made, :attr:`Table.step`), ``opt_state`` and
+``slot_tables`` (the generic Optax path's state, or an injected learning rate). Every leaf is
+float32 with exact integer chunks, so a table in a pytree given to ``jax.grad`` gets zero
+cotangents; a leaf changed by an optimizer's weight decay or a cast is refused by the next call
+("corrupted table handle"). Static (jit's cache key): ``dim``, key and value dtype, the
+optimizer, the number of companion state tables. The rows live in the core's registry under the
+id, shared with ``dualemb.core`` and ``dualemb.tf``; a table lives until :func:`destroy`. Why
+floats, and why no finalizer: docs/jax.md, "What the pytree holds" and "Lifetime".
 """
 
 from __future__ import annotations

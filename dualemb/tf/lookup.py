@@ -14,27 +14,26 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from dualemb.tf.row_lookup import dense_ids, finish, lookup_ids, lookup_rows, reshape_rows
+from dualemb.tf.row_lookup import finish, lookup_ids, lookup_rows, lookup_unique_ids
 from dualemb.tf.shadow_variable import ShadowVariable
 from dualemb.tf.variable import Variable
 
 # Inside a tf.function, autograph would convert these functions and everything they call (seconds
-# per trace: about 4 s for one embedding_lookup, 10 s with return_trainable, on a 2-core machine).
-# Their Python control flow is over Python objects and static shapes, never over tensors, so they
-# run as plain Python while the function is traced.
+# per trace). Their Python control flow is over Python objects and static shapes, never over
+# tensors, so they run as plain Python while the function is traced.
 _not_converted = tf.autograph.experimental.do_not_convert
 
 COMBINERS = ("sum", "mean", "sqrtn")
 
 
-def _resolve(params, fn: str, name, max_norm):
+def resolve_params(params, fn: str, name, max_norm):
     """(Variable, wrapper name, max_norm) for ``params``, a Variable or a ``ShadowVariable``
     (whose lookups train through it, clipped by its ``max_norm`` unless one is given). A list
     or tuple of one of them is that one, as in TFRA (``tf.nn.embedding_lookup``'s form)."""
     if isinstance(params, (list, tuple)) and len(params) == 1:
         params = params[0]
     if isinstance(params, ShadowVariable):
-        params._register()  # the shadow looked up through is the one that records and trains
+        params.claim_lookups()  # the shadow looked up through is the one that records and trains
         return params.params, params.de_name, params.max_norm if max_norm is None else max_norm
     if not isinstance(params, Variable):
         raise TypeError(f"{fn} expects a dualemb.tf.Variable or a ShadowVariable as params (one "
@@ -54,7 +53,7 @@ def embedding_lookup(params, ids, partition_strategy=None, name=None, validate_i
     RaggedTensor) -> ``ids.shape + [dim]``. With ``return_trainable``, also the
     ``TrainableWrapper`` to hand to the optimizer. Works eagerly and inside ``tf.function``;
     ``name`` (default "embedding_lookup") selects the wrapper."""
-    params, name, max_norm = _resolve(params, "embedding_lookup", name, max_norm)
+    params, name, max_norm = resolve_params(params, "embedding_lookup", name, max_norm)
     return lookup_ids(params, ids, name=name, max_norm=max_norm,
                       return_trainable=return_trainable)
 
@@ -64,16 +63,9 @@ def embedding_lookup_unique(params, ids, partition_strategy=None, name=None,
                             validate_indices=None, max_norm=None, return_trainable=False):
     """Like ``embedding_lookup``, but each distinct id is read once (``tf.unique``), then
     gathered back. ``max_norm`` is honored."""
-    params, name, max_norm = _resolve(params, "embedding_lookup_unique", name, max_norm)
-    ragged = isinstance(ids, tf.RaggedTensor)
-    dense = params.router.check_keys(ids.flat_values, "ids") if ragged else dense_ids(
-        params, ids, "embedding_lookup_unique")
-    unique, index = tf.unique(tf.reshape(dense, [-1]))
-    rows, wrapper = lookup_rows(params, unique, name, max_norm)
-    out = reshape_rows(tf.gather(rows, index), dense, params.dim)
-    if ragged:
-        out = ids.with_flat_values(out)
-    return finish(params, out, wrapper, name, return_trainable)
+    params, name, max_norm = resolve_params(params, "embedding_lookup_unique", name, max_norm)
+    return lookup_unique_ids(params, ids, name=name, max_norm=max_norm,
+                             return_trainable=return_trainable)
 
 
 def _as_sparse(ids, what):
@@ -136,7 +128,7 @@ def embedding_lookup_sparse(params, sp_ids, sp_weights, partition_strategy=None,
     RaggedTensor), weighted by ``sp_weights`` (same structure, or None for weight 1), with
     ``combiner`` "sum", "mean" (weighted mean) or "sqrtn" (sum / sqrt(sum of squared weights)).
     Returns ``[d0, dim]``; rows without ids are zeros."""
-    params, name, max_norm = _resolve(params, "embedding_lookup_sparse", name, max_norm)
+    params, name, max_norm = resolve_params(params, "embedding_lookup_sparse", name, max_norm)
     _check_combiner(combiner)
     sp_ids = _as_sparse(sp_ids, "sp_ids")
     sp_weights = _check_weights(sp_ids, sp_weights, "sp_weights")
@@ -153,8 +145,8 @@ def safe_embedding_lookup_sparse(embedding_weights, sparse_ids, sparse_weights=N
     too). Ids with weight <= 0 are dropped unless ``combiner == "sum"``; a row left without ids
     gets the row of ``default_id``, or zeros when ``default_id`` is None. ``sparse_ids`` of rank
     > 2 ``[d0, ..., dn-1, dn]`` give ``[d0, ..., dn-1, dim]``."""
-    params, name, max_norm = _resolve(embedding_weights, "safe_embedding_lookup_sparse", name,
-                                      max_norm)
+    params, name, max_norm = resolve_params(embedding_weights, "safe_embedding_lookup_sparse",
+                                            name, max_norm)
     _check_combiner(combiner)
     sparse_ids = _as_sparse(sparse_ids, "sparse_ids")
     sparse_weights = _check_weights(sparse_ids, sparse_weights, "sparse_weights")

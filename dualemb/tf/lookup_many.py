@@ -19,7 +19,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from dualemb.tf import ops
-from dualemb.tf.lookup import _resolve
+from dualemb.tf.lookup import resolve_params
 from dualemb.tf.row_lookup import dense_ids, finish, lookup_ids, lookup_rows, reshape_rows
 from dualemb.tf.shard import in_memory
 
@@ -56,13 +56,13 @@ def embedding_lookup_many(params, ids, name=None, max_norm=None, return_trainabl
     if len(names) != len(params) or len(norms) != len(params):
         raise ValueError("embedding_lookup_many: give one name and one max_norm per Variable "
                          "(or one for all)")
-    resolved = [_resolve(p, "embedding_lookup_many", n, m) for p, n, m in zip(params, names,
-                                                                              norms)]
+    resolved = [resolve_params(p, "embedding_lookup_many", n, m)
+                for p, n, m in zip(params, names, norms)]
     out = [None] * len(params)
     buckets = {}  # (device, key dtype) -> [(index, dense ids)]
     for i, ((p, n, m), x) in enumerate(zip(resolved, ids)):
         if _groupable(p, x):
-            device = getattr(p.router.shards[0], "_resource_device", "") or ""
+            device = p.router.shards[0].device
             buckets.setdefault((device, p.key_dtype), []).append(
                 (i, dense_ids(p, x, "embedding_lookup_many")))
         else:

@@ -1,48 +1,15 @@
 """Thin Python wrappers over the dualemb TensorFlow ops (``dualemb/tf/_ops.so``).
 
-A table is a TensorFlow resource. ``table_handle`` creates a fresh core table and returns an
-anonymous, ref-counted resource handle to it (a scalar ``tf.resource`` tensor); the table is freed
-when the last copy of that handle is gone (the eager tensor, and every function that captured it).
-Every other op is stateful and takes such a handle first (``TableShard.resource``), and runs on the
-device the handle names. Rows are shaped ``keys.shape + [dim]`` and have the table's value dtype
-(float32, float16, bfloat16, float64, int8, int32, int64: ``value_dtype`` arguments default to
-float32, and an op whose dtype differs from the table's raises); gradients and restrict scores are
-float32 whatever the value dtype. Keys must have the table's key dtype (int64, int32 or string).
-On bad input an op raises ``tf.errors.InvalidArgumentError`` naming the problem, and the table is
-left unchanged.
-
-Contract used by ``dualemb/tf/saving.py`` (checkpoints):
-
-``table_handle(config, optimizer="", session_name="") -> resource``
-    A fresh table from a core config string (JSON, ``{"dim": 8, "key_dtype": "int64", ...}``,
-    treated as opaque text); a non-empty optimizer spec string is attached. ``session_name`` is
-    for graphs run by a TF1 session (a SavedModel's own graph, which C++ loaders such as TF
-    Serving run): the table is then created once per session and freed when the session closes.
-``attach_table(table_id) -> resource`` / ``table_id(handle) -> int64 scalar``
-    Explicit sharing with ``dualemb.core`` / ``dualemb.jax`` in one process: a handle to an
-    existing core table (keeping it alive while the handle lives), and the core id of a handle.
-``export_table(handle, key_dtype=tf.int64, dim=-1, value_dtype=tf.float32, offset=0, limit=-1)
--> dict``
-    Rows ``[offset, offset + limit)`` of the table's iteration order (``limit < 0``: all rows
-    from offset): ``{"keys": [n] key_dtype, "values": [n, dim], "slots": [n, num_slots, dim]
-    (both value_dtype), "last_update": [n] i64, "update_count": [n] i64, "stepped": [n] bool}``
-    (``stepped``: an optimizer step has updated the row since its slots were initialised). The
-    order is stable while the table is not modified, so paging with offset/limit is consistent.
-``import_table(handle, keys, values, slots=None, last_update=None, update_count=None,
-clear=False, stepped=None) -> evicted (int64 scalar)``
-    Inserts or overwrites rows (values and slots in the table's value dtype); ``slots`` must be
-    ``[n, num_slots, dim]`` of the attached optimizer (None: new rows get the optimizer's initial
-    slots); None metadata is left out. ``clear=True`` empties the table first (restore = replace,
-    not merge).
-``clear_table(handle)``; ``table_size(handle) -> int64``; ``describe(handle) -> string``
-    (config ``|`` optimizer spec); ``get_clock(handle)`` / ``set_clock(handle, clock)`` (the
-    logical clock stamped into ``last_update``); ``set_optimizer(handle, spec,
-    empty_detaches=True)`` (with ``empty_detaches=False`` an empty spec leaves the table as is).
-
-Others: ``find``, ``find_or_insert``, ``insert_or_assign``, ``accum``, ``erase``,
-``apply_gradients``, ``restrict``, and the multi-table forms ``find_many``,
-``find_or_insert_many``, ``apply_gradients_many`` (one op for several tables, results equal to
-the per-table ops bit for bit; docs/tf.md "Multi-table ops").
+A table is a TensorFlow resource: ``table_handle`` creates a fresh core table and returns an
+anonymous, ref-counted resource handle to it (a scalar ``tf.resource`` tensor), freed when the
+last copy of that handle is gone. Every other op is stateful, takes such a handle first
+(``TableShard.resource``) and runs on the device the handle names. Keys have the table's key
+dtype (int64, int32 or string); rows are shaped ``keys.shape + [dim]`` in the table's value
+dtype (``value_dtype`` arguments default to float32, and an op whose dtype differs from the
+table's raises); gradients and restrict scores are float32. On bad input an op raises
+``tf.errors.InvalidArgumentError`` naming the problem, and the table is left unchanged. The
+multi-table forms (``find_many``, ``find_or_insert_many``, ``apply_gradients_many``) equal the
+per-table ops bit for bit (docs/tf.md, "Multi-table ops").
 """
 
 from __future__ import annotations
@@ -74,14 +41,17 @@ RESTRICT_POLICIES = {"recency": 0, "frequency": 1, "custom": 2}
 
 
 def table_handle(config, optimizer="", session_name: str = ""):
-    """A fresh core table (config and optimizer spec strings) as a ref-counted resource handle.
-    With ``session_name`` (only for graphs that a TF1 session runs), the table is made once in the
-    session's resource manager under that name and every run uses it."""
+    """A fresh core table as a ref-counted resource handle: ``config`` is the core's config
+    string (JSON, ``{"dim": 8, "key_dtype": "int64", ...}``, treated as opaque text); a non-empty
+    ``optimizer`` spec string is attached. With ``session_name`` (a SavedModel's own graph, which
+    C++ loaders such as TF Serving run), the table is made once in the session's resource manager
+    under that name and every run uses it; it is freed when the session closes."""
     return _ops.dualemb_table_handle(config, optimizer, session_name=session_name)
 
 
 def attach_table(table_id):
-    """A resource handle to the existing core table ``table_id``; keeps it alive while it lives."""
+    """A resource handle to the existing core table ``table_id`` (made by any front end in this
+    process); keeps it alive while it lives."""
     if not isinstance(table_id, (tf.Tensor, tf.Variable)):
         table_id = tf.constant(int(table_id), tf.int64)  # never through int32
     return _ops.dualemb_table_attach(table_id)
@@ -206,6 +176,11 @@ def restrict(table, num_reserved, policy: str = "recency", keys=None, scores=Non
 
 def export_table(table, key_dtype=tf.int64, dim: int = -1, value_dtype=tf.float32, offset=0,
                  limit=-1) -> dict:
+    """Rows ``[offset, offset + limit)`` of the table's iteration order (``limit < 0``: all rows
+    from offset): ``{"keys": [n] key_dtype, "values": [n, dim], "slots": [n, num_slots, dim]
+    (both value_dtype), "last_update": [n] i64, "update_count": [n] i64, "stepped": [n] bool}``
+    (``stepped``: an optimizer step has updated the row since its slots were initialised). The
+    order is stable while the table is not modified, so paging with offset/limit is consistent."""
     keys, values, slots, last, count, stepped = _ops.dualemb_export(
         table, tf.cast(offset, tf.int64), tf.cast(limit, tf.int64), Tkey=key_dtype, dim=dim,
         Tvalue=value_dtype)
@@ -215,10 +190,13 @@ def export_table(table, key_dtype=tf.int64, dim: int = -1, value_dtype=tf.float3
 
 def import_table(table, keys, values, slots=None, last_update=None, update_count=None,
                  clear: bool = False, stepped=None):
-    """Values (a tensor: its dtype must be the table's; a Python list becomes float32) and slots
-    (the values' dtype) go in as they are. ``stepped`` (bool [n]) marks the rows an optimizer
-    has stepped; left out, rows given slots count as stepped where they differ from the initial
-    slots."""
+    """Inserts or overwrites rows; returns how many keys a capacity evicted (int64 scalar).
+    Values (a tensor: its dtype must be the table's; a Python list becomes float32) and slots
+    (``[n, num_slots, dim]`` of the attached optimizer, the values' dtype) go in as they are;
+    None slots give new rows the optimizer's initial slots, None metadata is left out.
+    ``clear=True`` empties the table first (restore = replace, not merge). ``stepped`` (bool
+    [n]) marks the rows an optimizer has stepped; left out, rows given slots count as stepped
+    where they differ from the initial slots."""
     keys = tf.convert_to_tensor(keys)
     values = tf.convert_to_tensor(values, None if hasattr(values, "dtype") else tf.float32)
     empty_v = tf.zeros([0], values.dtype)
@@ -233,14 +211,18 @@ def import_table(table, keys, values, slots=None, last_update=None, update_count
 
 
 def set_optimizer(table, spec, empty_detaches: bool = True):
+    """Attaches the fused optimizer ``spec`` (a spec string); with ``empty_detaches=False`` an
+    empty spec leaves the table as it is."""
     return _ops.dualemb_set_optimizer(table, spec, empty_detaches=empty_detaches)
 
 
 def describe(table):
+    """The table's config and optimizer spec strings, joined by ``|``."""
     return _ops.dualemb_describe(table)
 
 
 def get_clock(table):
+    """The table's logical clock (int64 scalar), stamped into ``last_update`` by writes."""
     return _ops.dualemb_get_clock(table)
 
 

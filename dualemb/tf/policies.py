@@ -1,41 +1,15 @@
 """Restrict policies: keep a Variable's size in check by evicting its least useful keys.
 
 Pass the **class** to ``Variable(restrict_policy=...)`` (an instance raises ``TypeError``, as in
-TFRA); the Variable builds the instance.
-
-**Status.** As in TFRA, a policy keeps its per-key statistics in a status variable of its own: a
-dim-1 ``Variable`` (``policy.status_variable``, named ``"{var name}/status/{timestamp|frequency}"``)
-with the Variable's devices and partitioner, so status shard i holds the keys of shard i. It is a
-checkpoint dependency of the Variable (saved, restored and freed with it). Its rows' values are
-unused; the score of a key is the core's per-row metadata of the status table:
-
-- ``FrequencyRestrictPolicy``: ``update_count``, the number of ``apply_update`` calls that saw the
-  key. ``apply_update`` writes the batch's *unique* ids, so ids ``[[1, 2], [3, 3]]`` count each of
-  1, 2, 3 once, as in TFRA.
-- ``TimestampRestrictPolicy``: the wall-clock time of the last ``apply_update`` that saw the key,
-  which the status shows in whole seconds since the epoch, as TFRA's (``int32(tf.timestamp())``).
-  It is the status table's ``last_update``, in microseconds: before each ``apply_update`` the
-  status shards' clocks are moved up to the current time (never back), and a write stamps the
-  clock's next tick. So the restriction can tell apart two updates within one second (TFRA's
-  one-second stamps tie there, and its ``top_k`` then drops either): a later ``apply_update``
-  always ranks newer.
-
-Only ``apply_update`` changes the status (not ``upsert`` or lookups), as in TFRA.
-``DynamicEmbeddingOptimizer`` calls ``apply_update`` with the gradient's ids on every step; without
-an optimizer, call it yourself.
-
-**Restriction.** ``var.restrict(num_reserved, trigger=...)`` calls ``apply_restriction``, which
-follows TFRA's: when ``var.size() > trigger`` (default ``num_reserved``), each of the N shards keeps
-``num_reserved / N`` of its *status* keys (the remainder goes to the first shards; TFRA drops it),
-those with the best scores (equal scores: the smaller key first, string keys by their
-fingerprint; TFRA's ``top_k`` picks among ties by export order). The other status keys are erased
-from the Variable (with their slots) and from the status. Keys of the Variable that have no status
-(written by ``upsert`` only, never seen by ``apply_update``) are never removed, as in TFRA, so the
-Variable can stay above ``num_reserved``.
-
-``policy.status`` reads the statistics: ``export()`` -> (keys, scores int64), ``size()`` (status
-keys), ``lookup(keys)`` (0 for keys without status); TFRA's attribute names for it,
-``TimestampRestrictPolicy.tstp_var`` and ``FrequencyRestrictPolicy.freq_var``, give the same view.
+TFRA); the Variable builds the instance. A policy keeps its per-key scores in a status of its
+own, a dim-1 ``Variable`` (``policy.status_variable``) whose status shard i holds the keys of
+shard i; only ``apply_update(ids)`` changes it (``DynamicEmbeddingOptimizer`` calls it every
+step). ``FrequencyRestrictPolicy`` scores by ``update_count``, ``TimestampRestrictPolicy`` by the
+status table's ``last_update`` (microseconds; the status shows whole seconds, as TFRA's).
+``var.restrict(num_reserved, trigger=...)`` follows TFRA's ``apply_restriction``; keys without a
+status are never removed. ``policy.status`` reads the scores (``tstp_var`` / ``freq_var``, TFRA's
+names, give the same view). The rules and where they differ from TFRA's: docs/tf.md,
+"Restrict policies".
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Reading a Variable's rows for ids, with the gradient route to its fused optimizer: the part of
-the lookup family that needs no check of its ``params`` (``Variable.embedding_lookup`` calls it on
-itself; ``dualemb.tf.lookup`` checks its arguments, then calls it).
+the lookup family that needs no check of its ``params``. ``Variable.embedding_lookup`` and the
+Keras layers call it on their own Variable; ``dualemb.tf.lookup`` checks its arguments (a
+Variable or a ``ShadowVariable``), then calls it.
 
 In training mode (``de.enable_train_mode()``, the default) and for a trainable Variable, the rows
 carry a gradient route to the Variable's ``TrainableWrapper`` registered under ``name`` (see
@@ -23,6 +24,11 @@ from dualemb.tf.trainable import attach_gradient
 
 DEFAULT_NAME = "embedding_lookup"
 
+# Inside a tf.function, autograph would convert the lookups and everything they call (seconds per
+# trace). Their Python control flow is over Python objects and static shapes, never over tensors,
+# so they run as plain Python while the function is traced.
+_not_converted = tf.autograph.experimental.do_not_convert
+
 
 def compute_dtype(value_dtype) -> tf.DType:
     """The dtype lookups combine rows in: float32 for float16/bfloat16 rows, else the value
@@ -41,9 +47,8 @@ def lookup_rows(params, flat_keys, name, max_norm=None, rows=None):
     wrapper = None
     if params.trainable and modes.is_training() and params.value_dtype.is_floating:
         wrapper = params.trainable_wrapper(name or DEFAULT_NAME)
-        record = getattr(wrapper, "_record_lookup", None)  # a ShadowVariable keeps its lookup
-        if record is not None:
-            record(flat_keys, rows)
+        if getattr(wrapper, "keeps_lookups", False):  # a ShadowVariable
+            wrapper.record_lookup(flat_keys, rows)
         rows = attach_gradient(wrapper, rows, flat_keys)
     if rows.dtype != compute_dtype(params.value_dtype):
         rows = tf.cast(rows, compute_dtype(params.value_dtype))  # exact: float16/bfloat16 widen
@@ -85,6 +90,7 @@ def reshape_rows(rows, ids, dim):
     return out
 
 
+@_not_converted
 def lookup_ids(params, ids, name=None, max_norm=None, return_trainable=False):
     """``embedding_lookup`` on a Variable already checked: rows of ``ids`` (any shape; a
     RaggedTensor gives a RaggedTensor) -> ``ids.shape + [dim]``."""
@@ -96,3 +102,18 @@ def lookup_ids(params, ids, name=None, max_norm=None, return_trainable=False):
     ids = dense_ids(params, ids, "embedding_lookup")
     rows, wrapper = lookup_rows(params, tf.reshape(ids, [-1]), name, max_norm)
     return finish(params, reshape_rows(rows, ids, params.dim), wrapper, name, return_trainable)
+
+
+@_not_converted
+def lookup_unique_ids(params, ids, name=None, max_norm=None, return_trainable=False):
+    """Like :func:`lookup_ids`, but each distinct id is read once (``tf.unique``), then gathered
+    back."""
+    ragged = isinstance(ids, tf.RaggedTensor)
+    dense = params.router.check_keys(ids.flat_values, "ids") if ragged else dense_ids(
+        params, ids, "embedding_lookup_unique")
+    unique, index = tf.unique(tf.reshape(dense, [-1]))
+    rows, wrapper = lookup_rows(params, unique, name, max_norm)
+    out = reshape_rows(tf.gather(rows, index), dense, params.dim)
+    if ragged:
+        out = ids.with_flat_values(out)
+    return finish(params, out, wrapper, name, return_trainable)

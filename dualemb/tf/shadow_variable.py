@@ -63,9 +63,9 @@ class ShadowVariable(TrainableWrapper):
             self._kept_rows = tf.Variable(
                 tf.zeros([0, params.dim], params.value_dtype), trainable=False,
                 shape=tf.TensorShape(None), name=f"{name}-rows".replace("/", "_"))
-        self._register()
+        self.claim_lookups()
 
-    def _register(self) -> None:
+    def claim_lookups(self) -> None:
         """Makes lookups under this shadow's name record into and train through this shadow.
         Called again by every lookup through it: a second ShadowVariable of one name on the
         same Variable (a model built twice) must not take the first one's lookups."""
@@ -97,7 +97,7 @@ class ShadowVariable(TrainableWrapper):
 
     def embedding_lookup(self, ids, name=None, max_norm=None, return_trainable=False):
         """``de.embedding_lookup(self, ids, ...)``: through this shadow (its name)."""
-        self._register()
+        self.claim_lookups()
         return lookup_ids(self.params, ids, name=self.de_name,
                           max_norm=self.max_norm if max_norm is None else max_norm,
                           return_trainable=return_trainable)
@@ -123,12 +123,14 @@ class ShadowVariable(TrainableWrapper):
         return super()._serialize_to_tensors()
 
     # ---- hooks of the lookup (row_lookup.py) and the optimizer step (optimizers/row_update.py) ---
-    def _record_lookup(self, keys, rows):
+    keeps_lookups = True
+
+    def record_lookup(self, keys, rows):
         """A training-mode lookup through this shadow read ``rows`` for ``keys``."""
         self.ids.assign(keys)
         self._kept_rows.assign(tf.cast(tf.stop_gradient(rows), self.params.value_dtype))
 
-    def _after_update(self):
+    def after_update(self):
         """The table changed under the kept rows: read them again (TFRA's optimizer updates
         the shadow's buffer itself)."""
         self._kept_rows.assign(self.params.lookup(self.ids))

@@ -78,18 +78,20 @@ class TableShard(tf.saved_model.experimental.TrackableResource):
         built in a TF1 graph (its session creates the table).
       config: the core config string the table is created from (in a SavedModel too).
       optimizer_spec: the fused optimizer spec string attached to the table ("" for none).
+      device: the device the table resource lives on (a host CPU; "" for the default one).
       resource: the table's resource handle tensor: pass this to the ops.
     """
 
     def __init__(self, config: str, name: str, optimizer_spec: str = "", device: str = "",
                  table_id: int | None = None):
-        super().__init__(device=host_device(device))
+        self.device = host_device(device)
+        super().__init__(device=self.device)
         self.config = config
         self.optimizer_spec = optimizer_spec
         self.name = name
         # Set before the handle is made: _create_resource names a TF1 graph's table from it.
         self.table_id = None if table_id is None else int(table_id)
-        with tf.init_scope(), tf.device(self._resource_device):
+        with tf.init_scope(), tf.device(self.device):
             # Created eagerly, even when the Variable is built inside a function.
             if table_id is None:
                 self._resource_handle = self._create_resource()
@@ -102,7 +104,9 @@ class TableShard(tf.saved_model.experimental.TrackableResource):
         if table_id is not None:  # a SavedModel of this shard recreates the table as it is
             self.config, self.optimizer_spec = self._description()
 
-    def _bind_variable(self, variable) -> None:
+    def bind_variable(self, variable) -> None:
+        """Makes ``variable`` (the Variable this shard belongs to) a child of this shard in TF
+        checkpoints and SavedModels, without keeping it alive."""
         self._variable_ref = weakref.ref(variable)
 
     def _trackable_children(self, save_type="checkpoint", **kwargs):

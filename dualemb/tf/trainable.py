@@ -93,6 +93,11 @@ class TrainableWrapper(keras.Variable):
         the table."""
         return weights_snapshot.take(self._de_params)
 
+    # Whether this anchor keeps what lookups through it read: then a training-mode lookup calls
+    # ``record_lookup(keys, rows)`` and the optimizer step ``after_update()`` (a
+    # ``ShadowVariable`` does; a plain anchor keeps nothing).
+    keeps_lookups = False
+
     @property
     def params(self):
         """The dynamic embedding ``Variable`` this anchor trains."""

@@ -74,8 +74,8 @@ def _as_dtype(dtype, allowed, what):
     return dt
 
 
-# Inside a tf.function autograph would convert these methods and all they call (over a second per
-# trace on a 2-core machine); their Python control flow is over Python objects, never tensors.
+# Inside a tf.function autograph would convert these methods and all they call (seconds per
+# trace); their Python control flow is over Python objects, never tensors.
 _not_converted = tf.autograph.experimental.do_not_convert
 
 
@@ -181,7 +181,7 @@ class Variable(tf.__internal__.tracking.AutoTrackable):
         else:
             self._restrict_policy = None
         for shard in shards:
-            shard._bind_variable(self)
+            shard.bind_variable(self)
         self._router = ShardRouter(name, self._key_dtype, self._value_dtype, self._dim,
                                    partitioner, shards)
         self._self_setattr_tracking = True

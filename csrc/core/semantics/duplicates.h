@@ -48,8 +48,8 @@ void sum_gradients_by_group(int64_t n, const float* grads, int64_t dim, GroupOf&
 // key's hash (hash.h).
 //
 // Emptying costs nothing per slot: each slot carries the generation (init() count) it was
-// written in, and a slot of an older generation is empty. (Clearing 2n+ slots per batch was
-// ~17 of the ~320 instructions per key of a 4,096-key Adam step at dim 8.) Key, index and
+// written in, and a slot of an older generation is empty (clearing 2n+ slots per batch showed in
+// the step's profile: docs/benchmarks.md, "Measurements behind the code"). Key, index and
 // generation share one 16-byte slot, so a probe touches one cache line.
 class DedupMap {
  public:

@@ -33,7 +33,6 @@ import tensorflow as tf
 from dualemb.tf.optimizers import legacy_wrapper as legacy_optimizer
 from dualemb.tf.optimizers import fused_specs as optimizer_specs
 from dualemb.tf import keras_adapter
-from dualemb.tf.optimizers import multi_table as multi_table_step
 from dualemb.tf.optimizers import row_update
 from dualemb.tf.trainable import is_trainable_wrapper
 
@@ -107,7 +106,7 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
     ``LossScaleOptimizer`` so that ``model.compile`` never wraps it in Keras' own (see the module
     docstring); ``dynamic_loss_scale`` says whether it scales the loss. ``multi_table`` (default
     True): one step updates the tables of several Variables with one multi-table op where they
-    allow it (``dualemb/tf/optimizers/multi_table.py``: the grouping rule; the results are those
+    allow it (``dualemb/tf/optimizers/row_update.py``: the grouping rule; the results are those
     of one op per table bit for bit); False gives every table its own op."""
 
     def __init__(self, inner_optimizer, bp_v2=False, dynamic_loss_scale=False,
@@ -319,7 +318,7 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
             dense_grads = self._preprocess(groups, dense_grads, scale)
             for group in groups:
                 self._attach(group)
-            multi_table_step.fused_steps(groups, learning_rate, step, self.multi_table)
+            row_update.fused_steps(groups, learning_rate, step, self.multi_table)
         if dense_vars:
             with _gradient_options_off(inner):
                 inner.apply(dense_grads, dense_vars)  # also increments iterations
@@ -368,7 +367,7 @@ class DynamicEmbeddingOptimizerWrapper(keras.optimizers.LossScaleOptimizer):
         inner = self.inner_optimizer
         decay = (inner.weight_decay is not None
                  and keras_adapter.uses_weight_decay(inner, group.wrappers[0]))
-        row_update.attach(group.params, optimizer_specs.fused_spec(inner, decay), self)
+        group.params.router.attach_optimizer(optimizer_specs.fused_spec(inner, decay), self)
 
 
 def _check_wrappable(optimizer) -> None:

@@ -26,7 +26,7 @@ import sys
 import tensorflow as tf
 
 from dualemb.tf import keras_adapter
-from dualemb.tf.optimizers import multi_table, row_update
+from dualemb.tf.optimizers import row_update
 from dualemb.tf.trainable import TrainableWrapper, anchor_holding, anchor_params, is_anchor
 
 _V1 = tf.compat.v1.train
@@ -350,8 +350,8 @@ class _RoutesEmbeddings:
             decay = api.weight_decay(self, group.wrappers[0])
             if decay:  # decoupled, before the update, inside the core's keras-flavor step
                 spec = {**spec, "weight_decay": decay}
-            row_update.attach(group.params, spec, self)
-        multi_table.fused_steps(groups, learning_rate, step)
+            group.params.router.attach_optimizer(spec, self)
+        row_update.fused_steps(groups, learning_rate, step)
 
 
 def _unwrap_anchors(var_list, loss=None):

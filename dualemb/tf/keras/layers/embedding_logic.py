@@ -24,8 +24,7 @@ from dualemb.tf import initializers as de_inits
 from dualemb.tf import policies as de_policies
 from dualemb.tf.distribute import remote_shards
 from dualemb.tf.distribute import alltoall, replica_shards
-from dualemb.tf.lookup import embedding_lookup, embedding_lookup_unique
-from dualemb.tf.row_lookup import compute_dtype
+from dualemb.tf.row_lookup import compute_dtype, lookup_ids, lookup_unique_ids
 from dualemb.tf.variable import Variable, check_trainable_dtype, default_partition_fn
 
 POOLING = ("sum", "mean", "max", "min")
@@ -220,8 +219,10 @@ class EmbeddingLogic:
         position = alltoall.replica_position() if self.all_to_all else None
         if position is not None:  # in a replica of a multi-replica strategy
             return self._exchange_lookup(ids, *position)
-        fn = embedding_lookup_unique if self._unique_pays() else embedding_lookup
-        return fn(self.params, ids, name=self._shadow_name, max_norm=self.max_norm)
+        if self._unique_pays():
+            return lookup_unique_ids(self.params, ids, name=self._shadow_name,
+                                     max_norm=self.max_norm)
+        return lookup_ids(self.params, ids, name=self._shadow_name, max_norm=self.max_norm)
 
     def _unique_pays(self) -> bool:
         """Whether ``with_unique`` reads each distinct id once (``tf.unique``, then a
@@ -241,8 +242,8 @@ class EmbeddingLogic:
         the distinct ids, as TFRA's does)."""
         if not self.with_unique:
             return False
-        if self.max_norm is not None or hasattr(
-                self.params.get_trainable_by_name(self._shadow_name), "_record_lookup"):
+        if self.max_norm is not None or getattr(
+                self.params.get_trainable_by_name(self._shadow_name), "keeps_lookups", False):
             return True
         return not self._tables_in_memory
 
