@@ -16,8 +16,11 @@ import contextlib
 import tensorflow as tf
 
 from dualemb.core.spec import parse_description, to_spec
-from dualemb.core.table import Table, _core
+from dualemb._native import load_extension
+from dualemb.core.table import Table
 from dualemb.tf import ops
+
+_core = load_extension("_core")  # the core's pybind11 binding (csrc/python)
 
 
 def is_local(table_id: int) -> bool:

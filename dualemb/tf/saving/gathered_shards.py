@@ -21,7 +21,10 @@ import numpy as np
 from dualemb.core import checkpoint as _ckpt
 from dualemb.core.checkpoint import CheckpointError
 from dualemb.core.spec import to_spec
-from dualemb.core.table import Table, _core
+from dualemb._native import load_extension
+from dualemb.core.table import Table
+
+_core = load_extension("_core")  # the core's pybind11 binding (csrc/python)
 
 _FIELDS = ("values", "slots", "last_update", "update_count", "stepped")
 

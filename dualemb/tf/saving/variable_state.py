@@ -25,10 +25,13 @@ from dualemb.core.checkpoint import CheckpointError
 from dualemb.core.checkpoint import Subset as _ckpt_subset
 from dualemb.core.routing import shard_of
 from dualemb.core.spec import parse_description, to_spec
-from dualemb.core.table import Table, _core
+from dualemb._native import load_extension
+from dualemb.core.table import Table
 from dualemb.tf import ops
 from dualemb.tf.distribute import remote_shards
 from dualemb.tf.distribute import replica_shards
+
+_core = load_extension("_core")  # the core's pybind11 binding (csrc/python)
 
 FORMAT = "dualemb.tf.variable"
 # 2: "describe" is the core's JSON description object. 1: "config|optimizer" in the old
