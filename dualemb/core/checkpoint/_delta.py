@@ -239,12 +239,18 @@ class ChangedRows:
         return sum(len(v) for p in self._pages() for v in p["values"].reshape(-1).tolist())
 
 
+def key_pages(table, page_rows: int = 1 << 16):
+    """The keys ``table`` holds now, a page at a time."""
+    n = int(table.size())
+    for offset in range(0, n, page_rows):
+        yield table.export_keys(offset, min(page_rows, n - offset))
+
+
 def _live_keys(shards: list, string: bool) -> KeySet:
     live = KeySet(string)
     for t in shards:
-        n = int(t.size())
-        for offset in range(0, n, 1 << 16):
-            live.add(t.export_keys(offset, min(1 << 16, n - offset)))
+        for keys in key_pages(t):
+            live.add(keys)
     return live
 
 

@@ -53,9 +53,7 @@ def _check_num_shards(names: list, num_shards) -> dict:
 
 def _live_keys(name: str, j: int, table, n: int) -> np.ndarray:
     """Every key shard ``j`` holds now (int64), checked to route to it."""
-    size = int(table.size())
-    parts = [np.asarray(table.export_keys(o, min(1 << 16, size - o))).astype(np.int64)
-             for o in range(0, size, 1 << 16)]
+    parts = [np.asarray(keys).astype(np.int64) for keys in _delta.key_pages(table)]
     keys = np.concatenate(parts) if parts else np.empty(0, np.int64)
     wrong = keys[shard_of(keys, n) != j]
     if len(wrong):
