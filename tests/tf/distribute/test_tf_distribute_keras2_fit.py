@@ -57,6 +57,23 @@ def shards(state):
     return out
 
 
+# Clusters shared by this module's tests (each task is a process importing TF; each chief makes
+# tables of its own, so a second chief on the same tasks starts from empty tables). The fault
+# tests restart the workers they kill; the PS-death test, last, leaves its cluster broken.
+@pytest.fixture(scope="module")
+def two_ps_cluster():
+    """1 worker, 2 PS."""
+    with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def two_worker_cluster():
+    """2 workers, 2 PS."""
+    with LocalCluster(num_workers=2, num_ps=2, env=ENV) as cluster:
+        yield cluster
+
+
 def start_paused_chief(tmp_path, cluster, marker, *args):
     """The chief, with fit's 5th step pausing on its worker after its updates (until
     ``marker.release`` exists), its stderr to ``tmp_path/chief.log`` (a pipe nobody reads while
@@ -93,11 +110,11 @@ def batch_list():
 
 
 @pytest.mark.timeout(1200)
-def test_fit_one_worker_equals_single_process_fit(tmp_path):
+def test_fit_one_worker_equals_single_process_fit(tmp_path, two_ps_cluster):
     single = run_job(tmp_path / "single.npz", "--model", "dense", "--optimizer", "adam")
-    with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
-        state = run_job(tmp_path / "ps.npz", "--model", "dense", "--optimizer", "adam",
-                        cluster=cluster)
+    cluster = two_ps_cluster
+    state = run_job(tmp_path / "ps.npz", "--model", "dense", "--optimizer", "adam",
+                    cluster=cluster)
     assert bool(state["layer_is_tf_keras"]) and bool(single["layer_is_tf_keras"])
     # One shard per PS (default placement), each holding exactly its keys.
     assert str(state["shard0_device"]) == "/job:ps/replica:0/task:0/device:CPU:0"
@@ -128,7 +145,7 @@ def sgd_rows(initial, batch_prefixes):
 
 
 @pytest.mark.timeout(1200)
-def test_fit_two_workers_apply_every_step_once(tmp_path):
+def test_fit_two_workers_apply_every_step_once(tmp_path, two_worker_cluster):
     """Under PS, fit gives every worker its own iterator over the dataset, and the coordinator
     hands the 12 steps to whichever worker is free: worker 0 trains on the first ``n`` batches,
     worker 1 on the first ``12 - n``, ``n`` decided by timing. The model is linear in the rows
@@ -140,9 +157,9 @@ def test_fit_two_workers_apply_every_step_once(tmp_path):
     for k, (v, _, _) in shards(single).items():  # the reference is right in one process
         np.testing.assert_allclose(v, reference[k], rtol=1e-5, atol=1e-5)
 
-    with LocalCluster(num_workers=2, num_ps=2, env=ENV) as cluster:
-        state = run_job(tmp_path / "ps.npz", "--model", "linear", "--optimizer", "sgd",
-                        "--shards-per-ps", "2", cluster=cluster)
+    cluster = two_worker_cluster
+    state = run_job(tmp_path / "ps.npz", "--model", "linear", "--optimizer", "sgd",
+                    "--shards-per-ps", "2", cluster=cluster)
     assert int(state["num_shards"]) == 4  # devices= honoured: shard i on ps:(i mod 2)
     for i in range(4):
         assert str(state[f"shard{i}_device"]) == f"/job:ps/replica:0/task:{i % 2}/device:CPU:0"
@@ -171,7 +188,7 @@ def one_batch_gradient():
 
 
 @pytest.mark.timeout(1500)
-def test_fit_step_applied_again_when_its_workers_die_after_the_update(tmp_path):
+def test_fit_step_applied_again_when_its_workers_die_after_the_update(tmp_path, two_worker_cluster):
     """fit's 5th step to run, once its updates reached the PS tasks, writes a marker and pauses
     on its worker; the test kills both workers then and restarts them on their ports. The
     coordinator retries the closures it lost, fit completes, and wait_for_recovery lets the chief
@@ -190,24 +207,24 @@ def test_fit_step_applied_again_when_its_workers_die_after_the_update(tmp_path):
         np.testing.assert_allclose(v, initial[k] - LR * STEPS * grad[k], rtol=1e-5, atol=1e-5)
 
     marker = tmp_path / "marker"
-    with LocalCluster(num_workers=2, num_ps=2, env=ENV) as cluster:
-        chief = start_paused_chief(tmp_path, cluster, marker, "--model", "linear",
-                                   "--optimizer", "sgd", "--same-batch")
-        try:
-            for task in (0, 1):  # the paused step's worker among them
-                cluster.kill("worker", task)
-            # Killed in its pause, the step's RPC fails: the coordinator sees it whenever it
-            # looks, so the restart needs no delay. The release lets a retry through at once.
-            (tmp_path / "marker.release").write_text("go")
-            # Both at once (TF reconnects to them at the same address): one back and the other
-            # not yet makes the coordinator's cluster update fail and retry.
-            cluster.restart("worker", 0, ("worker", 1))
-            chief.wait(timeout=EVENT_TIMEOUT)
-            err = chief_log(tmp_path)
-            assert chief.returncode == 0, err[-4000:]
-        finally:
-            end(chief)
-        state = dict(np.load(tmp_path / "ps.npz"))
+    cluster = two_worker_cluster
+    chief = start_paused_chief(tmp_path, cluster, marker, "--model", "linear",
+                               "--optimizer", "sgd", "--same-batch")
+    try:
+        for task in (0, 1):  # the paused step's worker among them
+            cluster.kill("worker", task)
+        # Killed in its pause, the step's RPC fails: the coordinator sees it whenever it
+        # looks, so the restart needs no delay. The release lets a retry through at once.
+        (tmp_path / "marker.release").write_text("go")
+        # Both at once (TF reconnects to them at the same address): one back and the other
+        # not yet makes the coordinator's cluster update fail and retry.
+        cluster.restart("worker", 0, ("worker", 1))
+        chief.wait(timeout=EVENT_TIMEOUT)
+        err = chief_log(tmp_path)
+        assert chief.returncode == 0, err[-4000:]
+    finally:
+        end(chief)
+    state = dict(np.load(tmp_path / "ps.npz"))
     assert "failed with UnavailableError" in err  # the fault path ran
     got = shards(state)
     assert set(got) == set(grad)  # no row lost
@@ -225,23 +242,23 @@ def test_fit_step_applied_again_when_its_workers_die_after_the_update(tmp_path):
 
 
 @pytest.mark.timeout(1500)
-def test_fit_fails_clearly_when_a_ps_dies(tmp_path):
+def test_fit_fails_clearly_when_a_ps_dies(tmp_path, two_ps_cluster):
     """A PS dies during fit (after fit's 5th step updated it): TF does not retry PS failures (the
     rows it held are gone), so fit raises UnavailableError naming the PS's address within a
     bounded time, and the chief exits with an error instead of hanging or finishing as if
     nothing happened. (Restarting from a checkpoint is the custom loop's test: same
     coordinator.)"""
     marker = tmp_path / "marker"
-    with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
-        chief = start_paused_chief(tmp_path, cluster, marker, "--model", "linear",
-                                   "--optimizer", "sgd", "--same-batch")
-        try:
-            cluster.kill("ps", 1)
-            (tmp_path / "marker.release").write_text("go")  # the paused step goes on, and fails
-            chief.wait(timeout=EVENT_TIMEOUT)
-            err = chief_log(tmp_path)
-        finally:
-            end(chief)
+    cluster = two_ps_cluster
+    chief = start_paused_chief(tmp_path, cluster, marker, "--model", "linear",
+                               "--optimizer", "sgd", "--same-batch")
+    try:
+        cluster.kill("ps", 1)
+        (tmp_path / "marker.release").write_text("go")  # the paused step goes on, and fails
+        chief.wait(timeout=EVENT_TIMEOUT)
+        err = chief_log(tmp_path)
+    finally:
+        end(chief)
     assert chief.returncode != 0
     assert not (tmp_path / "ps.npz").exists()  # it did not finish as if nothing happened
     raised = [ln for ln in err.splitlines() if re.match(r"\S*Error: ", ln)]  # the traceback's

@@ -71,11 +71,32 @@ def single_adam(tmp_path_factory):
                    "--optimizer", "adam")
 
 
-@pytest.mark.timeout(1200)
-def test_one_worker_equals_single_process(tmp_path, single_adam):
+# Clusters shared by the tests of this module: each chief makes tables of its own on the PS
+# tasks, so a second chief on the same tasks starts from empty tables (the restores into
+# one_ps_cluster and then the training run on it compare exactly with a fresh single-process
+# run), and tests take turns on one set of tasks instead of each starting its own (every task
+# is a process importing TF: most of this module's time). The fault tests kill and restart
+# tasks on their ports; a restarted task is as good as a new one for the tests after them.
+@pytest.fixture(scope="module")
+def two_ps_cluster():
+    """1 worker, 2 PS."""
     with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
-        state = run_job(tmp_path / "ps.npz", "--model", "dense", "--optimizer", "adam",
-                        cluster=cluster)
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def two_worker_cluster():
+    """2 workers, 2 PS."""
+    with LocalCluster(num_workers=2, num_ps=2, env=ENV) as cluster:
+        yield cluster
+
+
+@pytest.mark.timeout(1200)
+def test_one_worker_equals_single_process(ps_checkpoint, single_adam):
+    """The checkpointed job (1 worker, 2 PS, Adam, 12 steps; its state exported from the PS
+    tasks when it saved, before its delta chain trained on) against the same steps in one
+    process."""
+    _, state, _ = ps_checkpoint
     # Shards live on the PS tasks (default placement: one per PS), not in the chief's process.
     assert str(state["shard0_device"]) == "/job:ps/replica:0/task:0/device:CPU:0"
     assert str(state["shard1_device"]) == "/job:ps/replica:0/task:1/device:CPU:0"
@@ -91,15 +112,14 @@ def test_one_worker_equals_single_process(tmp_path, single_adam):
 
 
 @pytest.mark.timeout(1200)
-def test_two_workers_apply_every_gradient(tmp_path):
+def test_two_workers_apply_every_gradient(tmp_path, two_worker_cluster):
     """Two workers run steps in a nondeterministic order. The model is linear in the rows, so
     each step's gradient does not depend on the state and SGD's result is the initial row minus
     lr times the sum of all gradients in any order: equal to the single-process run up to float
     summation order (tolerance 1e-5)."""
     single = run_job(tmp_path / "single.npz", "--model", "linear", "--optimizer", "sgd")
-    with LocalCluster(num_workers=2, num_ps=2, env=ENV) as cluster:
-        state = run_job(tmp_path / "ps.npz", "--model", "linear", "--optimizer", "sgd",
-                        "--shards-per-ps", "2", cluster=cluster)
+    state = run_job(tmp_path / "ps.npz", "--model", "linear", "--optimizer", "sgd",
+                    "--shards-per-ps", "2", cluster=two_worker_cluster)
     # devices= honoured: 4 shards, shard i on ps:(i mod 2).
     assert int(state["num_shards"]) == 4
     for i in range(4):
@@ -158,7 +178,7 @@ def end(chief):
 
 
 @pytest.mark.timeout(1200)
-def test_worker_killed_mid_training_loses_no_row(tmp_path):
+def test_worker_killed_mid_training_loses_no_row(tmp_path, two_worker_cluster):
     """A worker dies with steps queued and in flight, and is restarted on its port (as a cluster
     manager would). The coordinator retries the failed closure on a live worker and the run
     completes; dualemb.tf.distribute.wait_for_recovery lets the chief exit (without it the chief
@@ -170,24 +190,24 @@ def test_worker_killed_mid_training_loses_no_row(tmp_path):
     steps = 24
     single = run_job(tmp_path / "single.npz", "--model", "linear", "--optimizer", "sgd",
                      "--steps", str(steps))
-    with LocalCluster(num_workers=2, num_ps=2, env=ENV) as cluster:
-        chief, marker = run_chief_until_marker(
-            tmp_path, cluster, "--model", "linear", "--optimizer", "sgd", "--steps", str(steps),
-            "--kill-worker-after", "6")
-        try:
-            cluster.kill("worker", 1)
-            assert cluster.processes[("worker", 1)].poll() is not None
-            marker.unlink()  # the chief goes on scheduling while worker 1 is dead
-            # Restarted only once the coordinator has seen it fail (a fixed sleep was a race on
-            # a loaded machine: restarted too early, no failure was ever seen).
-            wait_until(lambda: FAILED in chief_log(tmp_path), chief, tmp_path,
-                       "the coordinator saw worker 1 fail")
-            cluster.restart("worker", 1)  # TF reconnects to it at the same address
-            err = finish(chief, tmp_path)
-            assert chief.returncode == 0, err[-4000:]
-        finally:
-            end(chief)
-        state = dict(np.load(tmp_path / "ps.npz"))
+    cluster = two_worker_cluster
+    chief, marker = run_chief_until_marker(
+        tmp_path, cluster, "--model", "linear", "--optimizer", "sgd", "--steps", str(steps),
+        "--kill-worker-after", "6")
+    try:
+        cluster.kill("worker", 1)
+        assert cluster.processes[("worker", 1)].poll() is not None
+        marker.unlink()  # the chief goes on scheduling while worker 1 is dead
+        # Restarted only once the coordinator has seen it fail (a fixed sleep was a race on
+        # a loaded machine: restarted too early, no failure was ever seen).
+        wait_until(lambda: FAILED in chief_log(tmp_path), chief, tmp_path,
+                   "the coordinator saw worker 1 fail")
+        cluster.restart("worker", 1)  # TF reconnects to it at the same address
+        err = finish(chief, tmp_path)
+        assert chief.returncode == 0, err[-4000:]
+    finally:
+        end(chief)
+    state = dict(np.load(tmp_path / "ps.npz"))
     assert FAILED in err  # the fault path ran: the coordinator saw worker 1 fail
     assert_keys_routed(state)
     got, want = rows_by_key(state), rows_by_key(single)
@@ -197,7 +217,7 @@ def test_worker_killed_mid_training_loses_no_row(tmp_path):
 
 
 @pytest.mark.timeout(1500)
-def test_ps_killed_fails_clearly_and_restarts_from_checkpoint(tmp_path):
+def test_ps_killed_fails_clearly_and_restarts_from_checkpoint(tmp_path, two_ps_cluster):
     """A PS dies mid-training: TF does not retry (the rows it held are gone), so the chief's
     schedule/join raises UnavailableError within a bounded time instead of hanging. The PS is
     restarted on its port (empty) and a new chief restores the checkpoint saved before the kill
@@ -205,32 +225,32 @@ def test_ps_killed_fails_clearly_and_restarts_from_checkpoint(tmp_path):
     keys, rows and Adam slots, with nothing left from the steps trained after it (the surviving
     PS still held those in the dead chief's tables)."""
     save = tmp_path / "save"
-    with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
-        chief, marker = run_chief_until_marker(
-            tmp_path, cluster, "--model", "dense", "--optimizer", "adam", "--steps", "24",
-            "--save-dir", str(save), "--save-after", "8", "--kill-worker-after", "12")
-        try:
-            cluster.kill("ps", 1)
-            marker.unlink()
-            err = finish(chief, tmp_path)
-        finally:
-            end(chief)
-        assert chief.returncode == 3, err[-4000:]
-        failed = dict(np.load(tmp_path / "ps.npz"))
-        assert str(failed["error_type"]) == "UnavailableError", str(failed["error"])
-        ps1 = cluster.spec["ps"][1]
-        assert ps1 in str(failed["error"]) or "/job:ps" in str(failed["error"]), failed["error"]
+    cluster = two_ps_cluster
+    chief, marker = run_chief_until_marker(
+        tmp_path, cluster, "--model", "dense", "--optimizer", "adam", "--steps", "24",
+        "--save-dir", str(save), "--save-after", "8", "--kill-worker-after", "12")
+    try:
+        cluster.kill("ps", 1)
+        marker.unlink()
+        err = finish(chief, tmp_path)
+    finally:
+        end(chief)
+    assert chief.returncode == 3, err[-4000:]
+    failed = dict(np.load(tmp_path / "ps.npz"))
+    assert str(failed["error_type"]) == "UnavailableError", str(failed["error"])
+    ps1 = cluster.spec["ps"][1]
+    assert ps1 in str(failed["error"]) or "/job:ps" in str(failed["error"]), failed["error"]
 
-        saved = dict(np.load(save / "saved.npz"))
-        assert batch_keys(8) == set(rows_by_key(saved))
-        cluster.restart("ps", 1)
-        for kind in ("tf", "common"):
-            got = run_job(tmp_path / f"restored_{kind}.npz", "--steps", "0",
-                          "--restore-dir", str(save), "--restore-kind", kind, cluster=cluster)
-            assert_keys_routed(got)
-            assert_same_rows(got, saved, batch_keys(8))
-            np.testing.assert_array_equal(got["dense0"], saved["dense0"])
-            np.testing.assert_array_equal(got["dense1"], saved["dense1"])
+    saved = dict(np.load(save / "saved.npz"))
+    assert batch_keys(8) == set(rows_by_key(saved))
+    cluster.restart("ps", 1)
+    for kind in ("tf", "common"):
+        got = run_job(tmp_path / f"restored_{kind}.npz", "--steps", "0",
+                      "--restore-dir", str(save), "--restore-kind", kind, cluster=cluster)
+        assert_keys_routed(got)
+        assert_same_rows(got, saved, batch_keys(8))
+        np.testing.assert_array_equal(got["dense0"], saved["dense0"])
+        np.testing.assert_array_equal(got["dense1"], saved["dense1"])
 
 
 FAILED = "Worker /job:worker/replica:0/task:1 failed with UnavailableError"
@@ -271,7 +291,7 @@ def extra_applications(state, single, steps, max_extra=1):
 
 
 @pytest.mark.timeout(1500)
-def test_step_applied_again_when_its_worker_dies_after_the_update(tmp_path):
+def test_step_applied_again_when_its_worker_dies_after_the_update(tmp_path, two_worker_cluster):
     """Forces TF's at-least-once case: step 7's closure applies its updates on both PS tasks,
     then (ps_job --pause-step) writes a marker and busy-waits on its worker until the test
     releases it; the test kills both workers then (it cannot tell which one runs step 7),
@@ -285,22 +305,22 @@ def test_step_applied_again_when_its_worker_dies_after_the_update(tmp_path):
     single = run_job(tmp_path / "single.npz", "--model", "linear", "--optimizer", "sgd",
                      "--steps", str(steps))
     updated = tmp_path / "step7_updated"
-    with LocalCluster(num_workers=2, num_ps=2, env=ENV) as cluster:
-        chief = start_chief(tmp_path, cluster, "--model", "linear", "--optimizer", "sgd",
-                            "--steps", str(steps), "--pause-step", "7",
-                            "--pause-marker", str(updated))
-        try:
-            wait_until(updated.exists, chief, tmp_path, "step 7 reached its pause")
-            cluster.kill("worker", 0)
-            cluster.kill("worker", 1)
-            updated.unlink()
-            (tmp_path / "step7_updated.release").write_text("go")  # the retry does not wait
-            cluster.restart("worker", 0, ("worker", 1))  # both at once: see LocalCluster.restart
-            err = finish(chief, tmp_path)
-            assert chief.returncode == 0, err[-4000:]
-        finally:
-            end(chief)
-        state = dict(np.load(tmp_path / "ps.npz"))
+    cluster = two_worker_cluster
+    chief = start_chief(tmp_path, cluster, "--model", "linear", "--optimizer", "sgd",
+                        "--steps", str(steps), "--pause-step", "7",
+                        "--pause-marker", str(updated))
+    try:
+        wait_until(updated.exists, chief, tmp_path, "step 7 reached its pause")
+        cluster.kill("worker", 0)
+        cluster.kill("worker", 1)
+        updated.unlink()
+        (tmp_path / "step7_updated.release").write_text("go")  # the retry does not wait
+        cluster.restart("worker", 0, ("worker", 1))  # both at once: see LocalCluster.restart
+        err = finish(chief, tmp_path)
+        assert chief.returncode == 0, err[-4000:]
+    finally:
+        end(chief)
+    state = dict(np.load(tmp_path / "ps.npz"))
     assert "failed with UnavailableError" in err
     assert updated.exists()  # the retried step 7 ran its pause again, on a restarted worker
     assert_keys_routed(state)
@@ -335,15 +355,15 @@ def one_ps_cluster():
 
 
 @pytest.fixture(scope="module")
-def ps_checkpoint(tmp_path_factory, one_ps_cluster):
+def ps_checkpoint(tmp_path_factory, one_ps_cluster, two_ps_cluster):
     """A 1-worker, 2-PS Adam job saved with tf.train.Checkpoint and de.save after 12 steps, and
     its rows, slots and dense weights exported from the PS tasks when it saved; plus the same
     checkpoints restored (no training) by a 1-PS cluster. The same chief then writes a chain of
     deltas on its de.save and a full save at the chain's last step (ps_job.delta_chain)."""
     d = tmp_path_factory.mktemp("ps_ckpt")
-    with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
-        state = run_job(d / "ps.npz", "--model", "dense", "--optimizer", "adam",
-                        "--save-dir", str(d / "save"), "--delta-chain", cluster=cluster)
+    cluster = two_ps_cluster
+    state = run_job(d / "ps.npz", "--model", "dense", "--optimizer", "adam",
+                    "--save-dir", str(d / "save"), "--delta-chain", cluster=cluster)
     restored = {}
     for kind in ("tf", "common"):
         restored[kind] = run_job(d / f"restored_{kind}.npz", "--steps", "0",
@@ -585,14 +605,14 @@ def assert_same_string_rows(got_state, want_state, num_shards):
 
 
 @pytest.mark.timeout(1500)
-def test_string_keys_one_worker_equals_single_process(tmp_path):
+def test_string_keys_one_worker_equals_single_process(tmp_path, two_ps_cluster):
     """key_dtype=tf.string under ParameterServerStrategy: shards on the PS tasks, string ids
     routed by to_hash_bucket_fast, rows and Adam slots equal to the single-process run; the
     job's TF checkpoint and de.save (gathered from the PS tasks) restore into one process."""
     single = run_job(tmp_path / "single.npz", "--string-keys")
-    with LocalCluster(num_workers=1, num_ps=2, env=ENV) as cluster:
-        state = run_job(tmp_path / "ps.npz", "--string-keys", "--save-dir",
-                        str(tmp_path / "save"), cluster=cluster)
+    cluster = two_ps_cluster
+    state = run_job(tmp_path / "ps.npz", "--string-keys", "--save-dir",
+                    str(tmp_path / "save"), cluster=cluster)
     assert str(state["shard1_device"]) == "/job:ps/replica:0/task:1/device:CPU:0"
     assert not state["shard_in_chief_process"].any()
     assert_same_string_rows(state, single, 2)
