@@ -28,7 +28,7 @@ def run_script(tmp_path, source):
     path = os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
     env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="2")
     run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=240, env=env)
+                         text=True, timeout=600, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
     return run
 
@@ -40,7 +40,7 @@ def rows_per_ps(stdout):
     assert all(int(n) > 0 for _, n in devices)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_ps_example_runs(tmp_path):
     run = run_script(tmp_path, ps_example())
     rows_per_ps(run.stdout)
@@ -49,7 +49,7 @@ def test_ps_example_runs(tmp_path):
     assert int(trained) == int(on_ps)
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(900)
 def test_tf_keras_fit_example_runs(tmp_path):
     pytest.importorskip("tf_keras", reason="tf_keras (Keras 2) is not installed")
     run = run_script(tmp_path, ps_example(fit=True))
