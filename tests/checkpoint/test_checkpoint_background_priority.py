@@ -4,7 +4,9 @@ and a bad value is refused before anything is copied; the caller's priority neve
 the checkpoint is the state of the call (numpy reference) whatever the priority."""
 
 import os
+import subprocess
 import sys
+import textwrap
 import threading
 
 import numpy as np
@@ -83,3 +85,36 @@ def test_a_bad_setting_is_refused_before_anything_is_copied(tmp_path, monkeypatc
         checkpoint.save(str(tmp_path / "c"), {"t": t}, steps=1, blocking=False)
     assert not os.path.exists(tmp_path / "c")
     assert_same(snapshot(t), before)
+
+
+# A fresh process whose first parallel core call is the background save's snapshot: the core's
+# worker pool starts then, and must start at the caller's priority (were it started by the
+# lowered writer, every later training step's helpers would run lowered). After the save, every
+# thread left in the process has the caller's nice value; the child prints them.
+CHILD = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    from dualemb.core import Table, checkpoint
+
+    def nice_of_every_thread():
+        out = set()
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                out.add(int(f.read().rsplit(")", 1)[1].split()[16]))  # field 19: nice
+        return sorted(out)
+
+    t = Table(4)
+    t.insert_or_assign(np.arange(10), np.ones((10, 4), np.float32))  # too small to go parallel
+    checkpoint.save(sys.argv[1], {"t": t}, blocking=False).wait()
+    t.insert_or_assign(np.arange(100_000), np.ones((100_000, 4), np.float32))  # the pool works
+    print(os.getpriority(os.PRIO_PROCESS, 0), nice_of_every_thread())
+""")
+
+
+def test_the_core_pool_keeps_the_callers_priority(tmp_path):
+    run = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "c")], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    mine, threads = run.stdout.split(maxsplit=1)
+    assert threads.strip() == f"[{int(mine)}]", run.stdout
+    assert os.cpu_count() == 1 or int(mine) < 19  # else every value is 19 and nothing is shown
