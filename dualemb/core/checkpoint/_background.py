@@ -298,7 +298,9 @@ def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 
     ``blocking=True`` (the default) writes it now and returns None. ``blocking=False`` copies the
     tables (``Table.clone()``), dense arrays, steps and metadata during the call, returns a
     :class:`SaveHandle` at once and writes that state on a background thread with the same files
-    and commit protocol (docs/online_learning.md). Either first waits for a background save still
+    and commit protocol, at a lower CPU priority than the caller's (Linux; the environment
+    variable ``DUALEMB_BACKGROUND_SAVE_NICE`` sets by how many nice steps, default 10; see
+    docs/online_learning.md). Either first waits for a background save still
     running in this process, and raises its error if it failed and nobody waited for it.
     ``options`` go to the writer unchanged."""
     if not isinstance(blocking, bool):
