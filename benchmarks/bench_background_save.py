@@ -1,19 +1,26 @@
 """Training throughput while a background checkpoint save runs, and what its snapshot costs.
 
     DUALEMB_NATIVE_DIR=build/<name>/dualemb PYTHONPATH=. python benchmarks/bench_background_save.py \
-        [--rows 1000000] [--dim 64] [--batch 4096] [--seconds 5] [--dir /tmp]
+        [--rows 1000000] [--dim 64] [--batch 4096] [--seconds 5] [--dir /tmp] [--writer-nice N]
 
 Prints one JSON object. A rows x dim float32 table with Adam (two slot columns) is filled, then:
 
 * ``train_steps_per_s_idle``: core ``apply_gradients`` steps (``--batch`` random existing keys
   each) per second for ``--seconds`` with nothing else running;
 * ``clone_s`` and ``clone_extra_rss_mb``: the time of ``Table.clone()`` (the snapshot a
-  background save takes while writers wait) and the growth of the resident set it causes, beside
-  ``table_memory_mb`` (``memory_bytes()``): a snapshot costs one table copy;
+  background save takes while writers wait: the shards are copied in parallel into prefaulted
+  memory) and the growth of the resident set it causes, beside ``table_memory_mb``
+  (``memory_bytes()``): a snapshot costs one table copy while the save runs;
 * ``train_steps_per_s_during_save``: the same training while ``checkpoint.save(...,
   blocking=False)`` runs, counted from the call until the save has published (the call itself,
-  i.e. the snapshot, included), and ``save_s`` its duration; ``ratio`` = during / idle;
-* ``blocking_save_s``: a blocking save of the same table, for comparison.
+  i.e. the snapshot, included), and ``save_s`` its duration; ``train_steps_per_s_idle_after``:
+  idle again, right after; ``ratio`` = during / the mean of the two idle rates (on a shared
+  machine the load drifts between the phases);
+* ``blocking_save_s``: a blocking save of the same table, for comparison;
+* ``writer_nice``: how many nice steps below training the writer threads run (10 unless
+  ``DUALEMB_BACKGROUND_SAVE_NICE`` or ``--writer-nice`` says otherwise; null for code without
+  the setting), and ``loadavg`` (``/proc/loadavg``) at the start and at the end: on a loaded
+  machine a lowered writer gets little CPU and the save takes much longer.
 
 The issue's goal is a ratio >= 0.7 on 2 cores; numbers from a loaded machine say little.
 """
@@ -38,6 +45,14 @@ def rss_mb() -> float:
     return float("nan")
 
 
+def loadavg() -> str | None:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -45,9 +60,17 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--dir", default=None)
+    ap.add_argument("--writer-nice", type=int, default=None,
+                    help="the background writer's nice steps (default: the library's)")
     args = ap.parse_args()
 
     from dualemb.core import Table, checkpoint
+    from dualemb.core.checkpoint import _background
+
+    if args.writer_nice is not None:  # the library reads it at every background save
+        os.environ["DUALEMB_BACKGROUND_SAVE_NICE"] = str(args.writer_nice)
+    writer_nice = _background.writer_nice() if hasattr(_background, "writer_nice") else None
+    load_start = loadavg()
 
     rows, dim = args.rows, args.dim
     t = Table(dim, optimizer={"name": "adam"})
@@ -96,6 +119,7 @@ def main() -> None:
         handle.wait()
         save_s = time.perf_counter() - t0
         during = n / save_s
+        idle_after, _ = steps_per_s(args.seconds)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -110,7 +134,10 @@ def main() -> None:
         "save_s": round(save_s, 3),
         "train_steps_during_save": n,
         "train_steps_per_s_during_save": round(during, 2),
-        "ratio": round(during / idle, 3) if idle else None,
+        "train_steps_per_s_idle_after": round(idle_after, 2),
+        "ratio": round(2 * during / (idle + idle_after), 3) if idle + idle_after else None,
+        "writer_nice": writer_nice,
+        "loadavg": [load_start, loadavg()],
     }, indent=1))
 
 

@@ -8,7 +8,10 @@
 //  * FreshSharedMutex: a lock is not state; a copy gets a fresh, unlocked one;
 //  * CopiedAtomic<T>: an atomic counter, copied by value (the source's lock is held, so the
 //    value is the one as of the copy);
-//  * DeepPtr<T>: an owned object (a shard) copied into a new object, not shared.
+//  * DeepPtr<T>: an owned object (a shard) copied into a new object, not shared;
+//  * ParallelCopiedPtrs<T>: a vector of DeepPtr<T> (the shards) whose copy copies the objects
+//    in parallel, one pool task each (thread_pool.h): writers wait while a table is copied, and
+//    a copy is mostly page faults of the fresh memory, which scale with the cores.
 #ifndef DUALEMB_COPY_MEMBERS_H_
 #define DUALEMB_COPY_MEMBERS_H_
 
@@ -16,6 +19,9 @@
 #include <memory>
 #include <shared_mutex>
 #include <utility>
+#include <vector>
+
+#include "thread_pool.h"
 
 namespace dualemb {
 
@@ -54,6 +60,23 @@ class DeepPtr {
 
  private:
   std::unique_ptr<T> p_;
+};
+
+template <class T>
+class ParallelCopiedPtrs : public std::vector<DeepPtr<T>> {
+ public:
+  ParallelCopiedPtrs() = default;
+  ParallelCopiedPtrs(ParallelCopiedPtrs&&) noexcept = default;
+  ParallelCopiedPtrs& operator=(ParallelCopiedPtrs&&) noexcept = default;
+  // Every element is copied before this returns; if one copy throws, the copies made are freed
+  // (the base vector's destructor) and the first exception is rethrown.
+  ParallelCopiedPtrs(const ParallelCopiedPtrs& o) : std::vector<DeepPtr<T>>(o.size()) {
+    std::vector<DeepPtr<T>>& self = *this;
+    parallel_for(static_cast<int64_t>(o.size()), 0, [&](int64_t i) {
+      if (o[i]) self[i] = DeepPtr<T>(new T(*o[i]));
+    });
+  }
+  ParallelCopiedPtrs& operator=(const ParallelCopiedPtrs&) = delete;
 };
 
 }  // namespace dualemb

@@ -26,7 +26,8 @@ void KeyIndex::erase(int64_t key, uint64_t h) {
   slots_[hole].row = kEmpty;
 }
 
-KeyIndex::KeyIndex(const KeyIndex& o) : block_((o.mask_ + 1) * sizeof(Slot)), mask_(o.mask_) {
+KeyIndex::KeyIndex(const KeyIndex& o)
+    : block_((o.mask_ + 1) * sizeof(Slot), Block::Prefault{}), mask_(o.mask_) {
   slots_ = reinterpret_cast<Slot*>(block_.data());
   std::memcpy(slots_, o.slots_, (mask_ + 1) * sizeof(Slot));
 }

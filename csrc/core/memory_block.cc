@@ -45,9 +45,10 @@ std::string human(long double bytes) {
 
 }  // namespace
 
-void* allocate_block(size_t bytes) {
+void* allocate_block(size_t bytes, bool prefault) {
   if (bytes >= kMapThreshold) {
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (prefault ? MAP_POPULATE : 0);
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
     if (p == MAP_FAILED) throw OutOfMemory("out of memory: could not map " + human(bytes));
     return p;
   }

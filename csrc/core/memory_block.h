@@ -30,8 +30,10 @@ class OutOfMemory : public std::bad_alloc {
 };
 
 // Allocates `bytes` (> 0) of uninitialised memory, aligned to at least 16 bytes. Throws
-// OutOfMemory.
-void* allocate_block(size_t bytes);
+// OutOfMemory. `prefault`: a mapped block gets all its pages now, in one call (MAP_POPULATE),
+// instead of one page fault per page on first touch: for blocks about to be written whole (a
+// clone's copies), which costs about a third less CPU than faulting them in page by page.
+void* allocate_block(size_t bytes, bool prefault = false);
 // Frees a block from allocate_block (bytes as given there). p may be null.
 void release_block(void* p, size_t bytes) noexcept;
 // Bytes a block of `bytes` really occupies (mapped blocks are whole pages).
@@ -48,6 +50,9 @@ class Block {
  public:
   Block() = default;
   explicit Block(size_t bytes) : p_(allocate_block(bytes)), bytes_(bytes) {}
+  // A block about to be written whole (allocate_block's prefault).
+  struct Prefault {};
+  Block(size_t bytes, Prefault) : p_(allocate_block(bytes, true)), bytes_(bytes) {}
   Block(Block&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; o.bytes_ = 0; }
   Block& operator=(Block&& o) noexcept {
     if (this != &o) {

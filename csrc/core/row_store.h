@@ -61,13 +61,14 @@ class RowStore {
   RowStore(RowStore&&) noexcept = default;
   RowStore& operator=(RowStore&&) noexcept = default;
   // A deep copy of the rows in use (a table's clone, storage/storage.h); the spare chunk is not
-  // copied. Throws std::bad_alloc.
+  // copied. The chunks are written whole at once, so they are prefaulted (memory_block.h).
+  // Throws std::bad_alloc.
   RowStore(const RowStore& o)
       : width_(o.width_), shift_(o.shift_), stride_(o.stride_), size_(o.size_) {
     const int64_t used = (size_ + mask()) >> shift_;
     chunks_.reserve(static_cast<size_t>(used));
     for (int64_t c = 0; c < used; ++c) {
-      chunks_.emplace_back(chunk_bytes());
+      chunks_.emplace_back(chunk_bytes(), Block::Prefault{});
       const int64_t rows = std::min<int64_t>(size_ - (c << shift_), int64_t(1) << shift_);
       std::memcpy(chunks_.back().data(), o.chunks_[c].data(), static_cast<size_t>(rows) * stride_);
     }

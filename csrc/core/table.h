@@ -170,7 +170,7 @@ class Table final : public Storage {
   int num_threads_ = 0;
   // Immutable once made (set_optimizer replaces it), so a clone shares it.
   std::shared_ptr<const Optimizer> optimizer_;
-  std::vector<DeepPtr<Shard>> shards_;
+  ParallelCopiedPtrs<Shard> shards_;  // a clone copies the shards in parallel
   mutable FreshSharedMutex mu_;
   CopiedAtomic<int64_t> clock_{0};
   CopiedAtomic<int64_t> evicted_total_{0};

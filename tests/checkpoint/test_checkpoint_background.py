@@ -365,3 +365,60 @@ def test_sigkill_during_background_save_keeps_the_last_checkpoint(tmp_path):
     assert_same(e, snapshot(ref))
     checkpoint.save(path, {"t": Table(dim=16)})  # the next save removes the dead one's files
     assert os.listdir(parent) == ["model"]
+
+
+# The same for a background *delta*: the child saves a full base, changes 20,000 of its 50,000
+# rows, starts a slow background delta on top of it and trains on; the test kills it with SIGKILL
+# once the delta's files are being written.
+CHILD_DELTA = textwrap.dedent("""
+    import sys, time
+    import numpy as np
+    from dualemb.core import Table, checkpoint
+    from dualemb.core.checkpoint import _safetensors
+
+    base, delta = sys.argv[1], sys.argv[2]
+    t = Table(dim=16, optimizer="adagrad")
+    keys = np.arange(50_000, dtype=np.int64)
+    t.apply_gradients(keys, np.ones((len(keys), 16), np.float32), 0.1, 1)
+    checkpoint.save(base, {"t": t}, steps=1, metadata={"tag": "base"})
+    t.apply_gradients(keys[:20_000], np.ones((20_000, 16), np.float32), 0.1, 2)
+    real = _safetensors.Writer.write_at
+    said = []
+    def slow(self, name, pos, data):
+        if not said:
+            said.append(1)
+            print("WRITING", flush=True)
+        time.sleep(0.01)
+        return real(self, name, pos, data)
+    _safetensors.Writer.write_at = slow
+    h = checkpoint.save(delta, {"t": t}, steps=2, base=base, page_rows=1000, blocking=False)
+    for step in range(3, 100000):
+        t.apply_gradients(keys[:1000], np.ones((1000, 16), np.float32), 0.1, step)
+        time.sleep(0.001)
+""")
+
+
+def test_sigkill_during_background_delta_keeps_the_base(tmp_path):
+    parent = tmp_path / "p"
+    parent.mkdir()
+    base, delta = str(parent / "base"), str(parent / "d1")
+    proc = subprocess.Popen([sys.executable, "-c", CHILD_DELTA, base, delta],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.strip() == "WRITING", (line, proc.stderr.read())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert complete_dirs(parent) == ["base"]  # no delta that looks complete
+    assert any(n.startswith(".d1.tmp-") for n in os.listdir(parent))  # it was mid-save
+    assert not os.path.exists(delta)
+    ck = checkpoint.load(base)
+    assert ck.metadata == {"tag": "base"} and ck.steps == {"t": 1}
+    ref = Table(dim=16, optimizer="adagrad")  # one adagrad step of gradient 1 on every key
+    ref.apply_gradients(np.arange(50_000), np.ones((50_000, 16), np.float32), 0.1, 1)
+    assert_same(snapshot(ck.tables["t"]), snapshot(ref))

@@ -142,3 +142,42 @@ def test_clone_of_unknown_table_raises():
     t.destroy()
     with pytest.raises(KeyError, match="unknown table id"):
         t.clone()
+
+
+def test_clone_of_many_chunks_per_shard_then_every_row_written():
+    """The shards are copied in parallel (one pool task per shard, into prefaulted chunks): a
+    table with more than one row chunk in every shard (128-wide Adam rows: 128 rows a chunk; ~156
+    rows a shard) copied by two threads at once gives two whole copies, and writing every row of
+    the live table, then destroying it, leaves both as they were (numpy references exported
+    before); a copy stepped like the live table gives its bits."""
+    n, dim = 10_000, 128
+    t = Table(dim, optimizer="adam")
+    keys = np.arange(n, dtype=np.int64) * 7919 - 5
+    rng = np.random.default_rng(4)
+    t.apply_gradients(keys, rng.standard_normal((n, dim)).astype(np.float32), 0.01, 1)
+    before = snapshot(t)
+    copies = [None, None]
+
+    def copy_into(i):
+        copies[i] = t.clone()
+
+    threads = [threading.Thread(target=copy_into, args=(i,)) for i in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    try:
+        g = rng.standard_normal((n, dim)).astype(np.float32)
+        t.apply_gradients(keys, g, 0.01, 2)  # every row of every chunk of the live table
+        after = snapshot(t)
+        assert not np.array_equal(after["values"], before["values"])
+        t.destroy()
+        for c in copies:
+            assert_same(snapshot(c), before)
+        copies[0].apply_gradients(keys, g, 0.01, 2)
+        assert_same(snapshot(copies[0]), after)
+        assert_same(snapshot(copies[1]), before)
+    finally:
+        for c in copies:
+            if c is not None:
+                c.destroy()

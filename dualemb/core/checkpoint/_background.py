@@ -23,6 +23,8 @@ from __future__ import annotations
 import atexit
 import copy
 import logging
+import os
+import sys
 import threading
 from collections.abc import Callable, Mapping
 
@@ -36,6 +38,46 @@ from dualemb.core.checkpoint._write import dense_arrays, describe, int_or_none, 
 __all__ = ["save", "SaveHandle", "SaveCancelled", "snapshot_tables", "start", "wait_running"]
 
 _log = logging.getLogger("dualemb.checkpoint")
+
+# How many steps lower than the caller's the writer's CPU priority is (Linux nice; the result is
+# capped at 19), unless the environment variable DUALEMB_BACKGROUND_SAVE_NICE says otherwise (0:
+# the caller's priority). The writer thread and every thread it starts (its pools inherit the
+# value) run at this priority, so training keeps the cores it keeps busy and the save takes what
+# is left: training runs faster during the save, the save takes longer, and on a machine whose
+# other processes keep every core busy it can take much longer (docs/online_learning.md,
+# "Background saves"). Blocking saves keep the caller's priority.
+WRITER_NICE = 10
+NICE_ENV = "DUALEMB_BACKGROUND_SAVE_NICE"
+
+
+def writer_nice() -> int:
+    """The nice steps of the writer: DUALEMB_BACKGROUND_SAVE_NICE if set (an integer >= 0), else
+    WRITER_NICE."""
+    raw = os.environ.get(NICE_ENV)
+    if raw is None or not raw.strip():
+        return WRITER_NICE
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ValueError(f"{NICE_ENV} must be an integer >= 0 (nice steps), got {raw!r}")
+    return value
+
+
+def _lower_priority(steps: int) -> None:
+    """Lowers the calling thread's CPU priority by `steps` (Linux: nice is per thread, and
+    threads this one starts inherit it). Best effort: elsewhere, or if refused, nothing changes.
+    The core's worker pool keeps its priority: its threads are started by the first parallel
+    call of the process, which the snapshot (``Table.clone()``, on the caller's thread) has made
+    by then at the latest."""
+    if not sys.platform.startswith("linux") or steps <= 0:
+        return
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps))
+    except OSError:  # pragma: no cover - e.g. a seccomp policy; the save runs as it is
+        pass
 
 
 class SaveCancelled(CheckpointError):
@@ -192,6 +234,7 @@ def start(path: str, tables: Mapping, write: Callable[[dict], None]) -> SaveHand
     commit protocol (a cancel stops it there too); the copies are freed when it returns. The
     front ends use this with their own writer."""
     global _last, _thread
+    nice = writer_nice()  # a bad setting raises here, before anything is copied
     with _turn:
         wait_running()
         # Change tracking (delta checkpoints): the live tables' save generation moves on before
@@ -218,6 +261,7 @@ def start(path: str, tables: Mapping, write: Callable[[dict], None]) -> SaveHand
 
         def run():
             error = None
+            _lower_priority(nice)
             _commit.set_checkpoint_hook(handle._hook)
             try:
                 handle._stop_if_cancelled()
@@ -254,7 +298,9 @@ def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 
     ``blocking=True`` (the default) writes it now and returns None. ``blocking=False`` copies the
     tables (``Table.clone()``), dense arrays, steps and metadata during the call, returns a
     :class:`SaveHandle` at once and writes that state on a background thread with the same files
-    and commit protocol (docs/online_learning.md). Either first waits for a background save still
+    and commit protocol, at a lower CPU priority than the caller's (Linux; the environment
+    variable ``DUALEMB_BACKGROUND_SAVE_NICE`` sets by how many nice steps, default 10; see
+    docs/online_learning.md). Either first waits for a background save still
     running in this process, and raises its error if it failed and nobody waited for it.
     ``options`` go to the writer unchanged."""
     if not isinstance(blocking, bool):
