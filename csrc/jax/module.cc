@@ -5,6 +5,11 @@
 
 #include "dualemb_core.h"
 #include "ffi_handlers.h"
+#include "xla/ffi/api/c_api.h"
+
+#ifndef DUALEMB_JAXLIB_VERSION
+#error "DUALEMB_JAXLIB_VERSION (the jaxlib the FFI headers come from) is set by CMakeLists.txt"
+#endif
 
 namespace py = pybind11;
 
@@ -30,4 +35,8 @@ PYBIND11_MODULE(_jax_ffi, m) {
       },
       "{target name: PyCapsule of its XLA_FFI_Handler*} for the CPU platform.");
   m.def("core_version", []() { return std::string(de_version()); });
+  // What the handlers are compiled against: dualemb/jax/_jaxlib_check.py compares the jaxlib
+  // release with the one imported before any handler is registered.
+  m.attr("jaxlib_version") = DUALEMB_JAXLIB_VERSION;
+  m.attr("ffi_api_version") = py::make_tuple(XLA_FFI_API_MAJOR, XLA_FFI_API_MINOR);
 }

@@ -23,8 +23,12 @@ from jax.experimental import io_callback
 
 from dualemb._native import load_extension
 from dualemb.jax import _host
+from dualemb.jax._jaxlib_check import check_module
 
 _ext = load_extension("_jax_ffi")
+# Before anything is registered: handlers compiled against another jaxlib's FFI headers are
+# refused with a message naming both releases (dualemb/jax/_jaxlib_check.py says why).
+check_module(_ext)
 _PLATFORMS = ("cpu",)  # where the native handlers are registered
 
 # "1": host callbacks everywhere (testing on CPU); "0": the FFI everywhere; unset: per platform.

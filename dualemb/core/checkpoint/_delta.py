@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from dualemb.core.checkpoint import _fs, _manifest
+from dualemb.core.checkpoint import _fs, _manifest, _objects
 from dualemb.core.checkpoint import _string_keys as _skeys
 from dualemb.core.checkpoint._commit import commit, single_process
 from dualemb.core.checkpoint._manifest import DELTA_VERSION, CheckpointError, dumps
@@ -39,9 +39,29 @@ def tombstone_file_name(table_index: int) -> str:
 def base_root(root: str, manifest: dict) -> str:
     """The directory a delta's ``base.path`` names (relative to the delta's own directory)."""
     rel = manifest["base"]["path"]
-    if os.path.isabs(rel):
+    if os.path.isabs(rel) or _objects.is_remote(rel):
         raise CheckpointError(f"{root}: the base path {rel!r} must be relative")
-    return os.path.normpath(os.path.join(root, rel))
+    try:
+        return _objects.resolve_relative(root, rel)  # on an object store: '/'-joined, in the URL
+    except ValueError as e:
+        raise CheckpointError(f"{root}: the base path {rel!r} is invalid ({e})") from None
+
+
+def relative_base(path: str, base: str) -> str:
+    """``base.path`` of a delta saved to ``path`` on the base checkpoint ``base`` (normalized
+    paths). Relative to the delta's own directory: ``path`` itself on local disk; on an object
+    store the generation prefix under ``path`` that its manifest is written in, and the base's
+    URL, not its generation (the loader follows its commit marker; a base saved again since is
+    then told apart by its manifest SHA-256)."""
+    if _objects.is_remote(path):
+        start = _objects.join(path, "generation")  # every generation is one level below path
+    else:
+        start = path
+    try:
+        return _objects.relative(base, start)
+    except ValueError as e:
+        raise CheckpointError(f"a delta at {path} on the base {base}: {e}; save the delta next to "
+                              "its base") from None
 
 
 def chain(root: str, manifest: dict, digest: str) -> list:
@@ -299,7 +319,8 @@ def save_delta(path: str, plan: dict, base, *, steps: dict, dense: dict | None, 
                page_rows: int) -> None:
     """``checkpoint.save(..., base=...)``: see the module docstring. ``plan``: name -> live
     shards; arguments checked by the caller."""
-    broot = _fs.resolve(_fs.normalize(base))
+    base_url = _fs.normalize(base)
+    broot = _fs.resolve(base_url)
     bmanifest, bdigest = _manifest.read_with_digest(broot)
     layers = chain(broot, bmanifest, bdigest)  # the base itself must load
     names = list(plan)
@@ -312,7 +333,8 @@ def save_delta(path: str, plan: dict, base, *, steps: dict, dense: dict | None, 
                                       f"{entries[0][field]!r} in the base {broot}; a delta "
                                       "holds rows of the same table: save a full checkpoint")
         _check_marks(name, shards, bdigest, broot)
-    rel_base = os.path.relpath(broot, os.path.abspath(path))  # from the delta's own directory
+    # From the delta's own directory (locally, the base's resolved directory, as before).
+    rel_base = relative_base(path, base_url if _objects.is_remote(base_url) else broot)
     tokens = [(t, t.changes_begin()) for shards in plan.values() for t in shards]
     published = {}
 
@@ -323,8 +345,10 @@ def save_delta(path: str, plan: dict, base, *, steps: dict, dense: dict | None, 
                 info = describe(name, shards)
                 files = []
                 for j, t in enumerate(shards):
-                    entry = write_shard(t, staging.file(_manifest.shard_file_name(i, j)), name, j,
-                                        info, page_rows, pool, source=ChangedRows(t, page_rows))
+                    # new_file: on an object store a local spool file, uploaded after the block.
+                    with staging.new_file(_manifest.shard_file_name(i, j)) as fpath:
+                        entry = write_shard(t, fpath, name, j, info, page_rows, pool,
+                                            source=ChangedRows(t, page_rows))
                     files.append({"index": j, **entry})
                 string = _skeys.is_string(info)
                 base_keys = chain_keys(layers, name)
@@ -335,9 +359,9 @@ def save_delta(path: str, plan: dict, base, *, steps: dict, dense: dict | None, 
                     tomb[:] = gone
                 else:
                     tomb = base_keys.ints[~live.contains(base_keys.ints)]
-                record[name] = {"info": info, "shards": files,
-                                "tombstones": _write_tombstones(
-                                    staging.file(tombstone_file_name(i)), name, tomb, info),
+                with staging.new_file(tombstone_file_name(i)) as fpath:
+                    tombstones = _write_tombstones(fpath, name, tomb, info)
+                record[name] = {"info": info, "shards": files, "tombstones": tombstones,
                                 "live_rows": len(live)}
         return {"tables": record}
 

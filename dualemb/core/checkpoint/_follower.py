@@ -8,6 +8,8 @@ What a poll does:
    whose name does not start with "." (the commit protocol stages and moves aside under dotted
    names and renames a checkpoint into place only once it is complete, so a half-written save is
    never listed). Manifests are read once per directory entry (cached by the file's identity).
+   On an object store: the prefixes whose commit marker names a complete generation (the
+   generation is the entry's identity; ``_remote_entries``).
 2. Picks the target: the checkpoint with the highest step (the largest step of the followed
    tables; then the largest name) above the step of the checkpoint the tables hold.
 3. Walks back from the target along its chain (each delta's base found by its manifest SHA-256
@@ -30,7 +32,7 @@ import os
 import threading
 from collections.abc import Mapping
 
-from dualemb.core.checkpoint import _apply, _fs, _manifest
+from dualemb.core.checkpoint import _apply, _fs, _manifest, _object_store, _objects
 from dualemb.core.checkpoint._delta import MAX_CHAIN
 from dualemb.core.checkpoint._manifest import MANIFEST, CheckpointError
 from dualemb.core.checkpoint._write import shards_of
@@ -68,9 +70,11 @@ class Follower:
         if not isinstance(tables, Mapping) or not tables:
             raise TypeError("tables must be a non-empty mapping name -> Table (or list of shards)")
         self.directory = _fs.normalize(directory)
-        if not os.path.isdir(self.directory):
-            raise FileNotFoundError(f"{self.directory}: no such checkpoint directory (a "
-                                    "Follower reads a local directory)")
+        # On an object store a prefix exists only once something is saved under it, so a
+        # server may start following before the trainer's first publish.
+        self._remote = _objects.is_remote(self.directory)
+        if not self._remote and not os.path.isdir(self.directory):
+            raise FileNotFoundError(f"{self.directory}: no such checkpoint directory")
         self.tables = dict(tables)
         self._shards = [t for n, v in self.tables.items() for t in shards_of(n, v)]
         self._partitioner = partitioner
@@ -127,8 +131,12 @@ class Follower:
             path.pop()
         return path[::-1]
 
-    def _list(self) -> list:
-        out, seen = [], set()
+    def _entries(self):
+        """(name, path, identity) of each complete checkpoint in the directory; the identity
+        changes whenever a save replaces the checkpoint of that name."""
+        if self._remote:
+            yield from self._remote_entries()
+            return
         try:
             names = os.listdir(self.directory)
         except FileNotFoundError:
@@ -141,7 +149,28 @@ class Follower:
                 st = os.stat(os.path.join(path, MANIFEST))
             except (FileNotFoundError, NotADirectoryError):
                 continue  # not a checkpoint, or replaced by a save right now
-            ident = (st.st_ino, st.st_mtime_ns, st.st_size)
+            yield name, path, (st.st_ino, st.st_mtime_ns, st.st_size)
+
+    def _remote_entries(self):
+        """On an object store (docs/checkpoint_format.md §6) a checkpoint is a prefix whose
+        commit marker names its complete generation: one LIST of the directory and one GET of
+        each marker per poll. The path is the generation itself (what the marker named when
+        listed), so the checkpoint applied is the one whose manifest was read, even if a save
+        to the same name publishes another generation meanwhile."""
+        names = sorted(e["name"].rstrip("/").rsplit("/", 1)[-1]
+                       for e in _objects.list_prefix(self.directory))
+        for name in names:
+            if name.startswith("."):
+                continue
+            try:
+                root = _object_store.resolve(_objects.join(self.directory, name))
+            except FileNotFoundError:
+                continue  # no commit marker yet: its first save is still being written
+            yield name, root, root
+
+    def _list(self) -> list:
+        out, seen = [], set()
+        for name, path, ident in self._entries():
             seen.add(name)
             hit = self._cache.get(name)
             if hit is None or hit[0] != ident:
@@ -149,6 +178,10 @@ class Follower:
                     manifest, digest = _manifest.read_with_digest(path)
                 except FileNotFoundError:
                     continue
+                except CheckpointError:
+                    if self._remote and not _objects.exists(_objects.join(path, MANIFEST)):
+                        continue  # a newer save of this name deleted the generation just listed
+                    raise
                 hit = (ident, _Listed(name, path, manifest, digest, self.tables))
                 self._cache[name] = hit
             out.append(hit[1])

@@ -15,6 +15,7 @@ staging, publication) may use it without an import cycle.
 from __future__ import annotations
 
 import os
+import posixpath
 import re
 import socket
 
@@ -89,6 +90,35 @@ def join(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}" if is_remote(base) else os.path.join(base, name)
 
 
+def relative(target: str, start: str) -> str:
+    """The relative path from the directory ``start`` to ``target`` (a delta's ``base.path``),
+    both local or both URLs of one scheme; ValueError otherwise (nothing relative joins a local
+    directory to a bucket, or two schemes)."""
+    if is_remote(target) != is_remote(start) or scheme(target) != scheme(start):
+        raise ValueError(f"{target} and {start} are not on one file system (local, or one "
+                         "object-store scheme): a relative path cannot join them")
+    if not is_remote(start):
+        return os.path.relpath(target, os.path.abspath(start))
+    # Object keys are '/'-separated names under the bucket (the first component).
+    return posixpath.relpath("/" + _rest(target), "/" + _rest(start))
+
+
+def resolve_relative(start: str, rel: str) -> str:
+    """``start`` joined with the relative path ``rel`` (as :func:`relative` made it), normalized;
+    ValueError if ``rel`` climbs above a URL's bucket."""
+    if not is_remote(start):
+        return os.path.normpath(os.path.join(start, rel))
+    joined = posixpath.normpath(posixpath.join("/" + _rest(start), rel))
+    if joined == "/":
+        raise ValueError(f"{rel!r} from {start} climbs above the bucket")
+    return f"{scheme(start)}://{joined.lstrip('/')}"
+
+
+def _rest(url: str) -> str:
+    """The part of an object-store URL after ``scheme://``, without a trailing slash."""
+    return canonical_url(url).split("://", 1)[1]
+
+
 def read_bytes(path: str) -> bytes:
     """The whole (small) file at ``path``; FileNotFoundError if it does not exist."""
     if not is_remote(path):
@@ -96,6 +126,15 @@ def read_bytes(path: str) -> bytes:
             return f.read()
     fs, p = filesystem(path)
     return fs.cat_file(p)
+
+
+def exists(path: str) -> bool:
+    """Whether the file (object) ``path`` exists now (not from a listing cache)."""
+    if not is_remote(path):
+        return os.path.exists(path)
+    fs, p = filesystem(path)
+    fs.invalidate_cache(p)
+    return fs.exists(p)
 
 
 def write_bytes(url: str, data: bytes) -> None:

@@ -25,12 +25,11 @@ writers read it) is refused. After the commit, every writer's tables take the de
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from dualemb.core.checkpoint import _delta, _fs, _manifest, _part_marks
+from dualemb.core.checkpoint import _delta, _fs, _manifest, _objects, _part_marks
 from dualemb.core.checkpoint import _string_keys as _skeys
 from dualemb.core.checkpoint._commit import Sync, commit
 from dualemb.core.checkpoint._manifest import DELTA_VERSION, CheckpointError, dumps
@@ -92,10 +91,12 @@ def save(path, tables, *, names: list, base, num_shards, sync: Sync, part: int, 
             dense_arrays(dense)
             dumps({"metadata": dict(metadata or {})})
         local = tables() if callable(tables) else tables
-        broot = _fs.resolve(_fs.normalize(base))
+        base_url = _fs.normalize(base)
+        broot = _fs.resolve(base_url)
         bmanifest, bdigest = _manifest.read_with_digest(broot)
         layers = _delta.chain(broot, bmanifest, bdigest)  # the base itself must load
-        seen.update(root=broot, digest=bdigest)
+        seen.update(root=broot, digest=bdigest,
+                    named=base_url if _objects.is_remote(base_url) else broot)
         for name, shards in local.items():
             if name not in names:
                 raise ValueError(f"table {name!r} is not one of the checkpoint's tables {names}")
@@ -155,7 +156,7 @@ def save(path, tables, *, names: list, base, num_shards, sync: Sync, part: int, 
                                   if t["name"] in rec["tables"])
         m["version"] = DELTA_VERSION
         # Relative to the delta's own directory, as a single-writer delta records it.
-        m["base"] = {"path": os.path.relpath(seen["root"], os.path.abspath(path)),
+        m["base"] = {"path": _delta.relative_base(path, seen["named"]),
                      "manifest_sha256": seen["digest"]}
         mine["digest"] = _manifest.digest(dumps(m))
         return m

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from dualemb.core.checkpoint import _fs
+from dualemb.core.checkpoint import _fs, _objects
 from dualemb.core.checkpoint._background import save
 
 
@@ -27,7 +27,8 @@ class Publisher:
         if isinstance(full_every, bool) or int(full_every) != full_every or full_every < 1:
             raise ValueError(f"full_every must be an integer >= 1, got {full_every!r}")
         self.directory = _fs.normalize(directory)
-        os.makedirs(self.directory, exist_ok=True)
+        if not _objects.is_remote(self.directory):  # an object store has no directories
+            os.makedirs(self.directory, exist_ok=True)
         self.tables = tables
         self.full_every = int(full_every)
         self._base = None       # the last published checkpoint's path
@@ -52,7 +53,7 @@ class Publisher:
         if self._pending is not None and self._pending.exception() is not None:
             self._base = None  # its error was raised by exception(): start a new chain
         self._pending = None
-        path = os.path.join(self.directory, step_name(step))
+        path = _objects.join(self.directory, step_name(step))
         full = self._base is None or self._since_full >= self.full_every
         try:
             out = save(path, self.tables, steps=int(step) if steps is None else steps,
