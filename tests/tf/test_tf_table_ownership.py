@@ -144,7 +144,7 @@ def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
-ROWS, DIM, CHUNK = 1_000_000, 32, 1 << 17
+ROWS, DIM, CHUNK = 400_000, 32, 1 << 17
 
 def one_round(i):
     var = de.Variable(dim=DIM, name=f"big{i}")
@@ -166,13 +166,13 @@ print(json.dumps({"table_bytes": table_bytes, "after_warmup": after_warmup, "end
 
 
 def test_deleting_variables_frees_their_tables():
-    """Five 1M x 32 tables made and deleted one after another. Each holds ~190 MB, so if any of
-    them were kept the process would grow by at least that much; the allocator may keep some
+    """Five 400k x 32 tables made and deleted one after another. Each holds ~75 MB, so if any
+    of them were kept the process would grow by at least that much; the allocator may keep some
     freed pages, so the bound is one table's bytes (a table kept alive per round grows it by
     five). Measured in a fresh process so that other tests' memory does not interfere."""
     out = json.loads(_run(_RSS_ROUNDS, timeout=600).strip().splitlines()[-1])
     growth = out["end"] - out["after_warmup"]
-    assert out["table_bytes"] > 100 * 2**20  # the rows really were inserted
+    assert out["table_bytes"] > 40 * 2**20  # the rows really were inserted
     assert growth < out["table_bytes"], out
 
 
