@@ -696,7 +696,7 @@ int64_t Table::replace_rows(const int64_t* keys, int64_t n, const void* values_i
                             const int64_t* update_count, const uint8_t* stepped) {
   // clear() then import_rows(), under one lock (no reader sees the table empty in between) and
   // into the memory the table holds: clear() unmaps every chunk and index array (memory goes
-  // back to the OS), so the import after it faulted all of its pages in afresh, ~45% of a
+  // back to the OS), so the import after it faulted all of its pages in afresh, a third of a
   // tf.train.Checkpoint restore of a 1M x 64 table (docs/benchmarks.md, "Regressions since the
   // turn-2 main"). Each shard keeps the chunks its share of the rows needs and its index array
   // when that has the size an index grown for the share from empty would get, so the table
