@@ -8,7 +8,22 @@
    10M ids), one ``de.keras.layers.Embedding`` of dim 16 per feature, an MLP 128-64-32-1, batch
    4,096, Adam, binary cross-entropy.
 
+3. ``restore``: ``tf.train.Checkpoint(emb=var)`` written once, then read back into the same
+   object (``read(path).assert_consumed()``) ``--restores`` times, a 1M x 64 table: seconds and
+   CPU seconds per restore, and the minor page faults per restore, a count that the machine's
+   load does not change (an import that faults in fresh memory shows there, not in instruction
+   counts: docs/benchmarks.md, "Regressions since the turn-2 main").
+
     DUALEMB_NATIVE_DIR=build/tf/dualemb PYTHONPATH=. python benchmarks/bench_tf.py [--quick]
+        [--sections lookup fit restore] [--build NAME=TREE[:NATIVE_DIR] ... [--rounds 3]]
+
+Each --build is a source tree (its Python package) with a built TF op library (NATIVE_DIR,
+default TREE/build/dev/dualemb), e.g. ``--build old=/tmp/old --build new=.``: every round runs
+the sections once per build, each in its own process, the builds taking turns, so two commits
+built side by side compare directly (the trees' own Python code, this file's workloads; the
+workloads use only APIs the turn-2 main a7ab7ef already had). The JSON then holds each build's
+per-round results and the median of each number over the rounds, and each build's medians
+divided by the first build's (``ratios``).
 """
 
 from __future__ import annotations
@@ -17,7 +32,11 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -119,9 +138,108 @@ def bench_fit(features=8, dim=16, batch=4096, steps=60, epochs=2):
             "distinct_ids_per_feature": sizes, "zipf_a": 1.2, "vocab": 10_000_000}
 
 
+def bench_restore(rows=1_000_000, dim=64, restores=7):
+    """tf.train.Checkpoint restore into the same object: per restore, median/min seconds, CPU
+    seconds (all threads) and minor page faults (both medians)."""
+    var = de.Variable(key_dtype=tf.int64, value_dtype=tf.float32, dim=dim, name="bench_restore")
+    rng = np.random.default_rng(0)
+    keys = rng.permutation(rows * 4)[:rows].astype(np.int64)
+    for start in range(0, rows, 1 << 18):
+        chunk = keys[start:start + (1 << 18)]
+        var.upsert(tf.constant(chunk),
+                   tf.constant(rng.normal(0, 1, (len(chunk), dim)).astype(np.float32)))
+    ckpt = tf.train.Checkpoint(emb=var)
+    with tempfile.TemporaryDirectory(prefix="bench_tf_restore_") as d:
+        t0 = time.perf_counter()
+        path = ckpt.write(os.path.join(d, "ckpt"))
+        write_s = time.perf_counter() - t0
+        ckpt.read(path).assert_consumed()  # warm-up: the first restore builds TF's restore ops
+        wall, cpu, faults = [], [], []
+        for _ in range(restores):
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            c0, t0 = time.process_time(), time.perf_counter()
+            ckpt.read(path).assert_consumed()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    assert int(var.size()) == rows
+    return {"restore_s": statistics.median(wall), "restore_min_s": min(wall),
+            "restore_cpu_s": statistics.median(cpu),
+            "restore_minor_faults": statistics.median(faults), "write_s": write_s,
+            "rows": rows, "dim": dim, "restores": restores}
+
+
+def run_sections(args) -> dict:
+    out = {}
+    for section in args.sections:
+        if section == "lookup":
+            out["lookup"] = bench_lookup(repeats=5 if args.quick else 30,
+                                         inner=20 if args.quick else 50)
+        elif section == "fit":
+            out["fit"] = bench_fit(steps=10 if args.quick else 60, epochs=1 if args.quick else 2)
+        elif section == "restore":
+            out["restore"] = bench_restore(rows=args.restore_rows, dim=args.restore_dim,
+                                           restores=3 if args.quick else args.restores)
+    return out
+
+
+def parse_build(spec):
+    name, _, rest = spec.partition("=")
+    tree, _, native = rest.partition(":")
+    tree = os.path.abspath(tree or ".")
+    return name, tree, os.path.abspath(native or os.path.join(tree, "build", "dev", "dualemb"))
+
+
+def _numbers(result: dict, prefix="") -> dict:
+    """The numeric leaves of a section's result, as {"section.name": value}."""
+    flat = {}
+    for key, value in result.items():
+        if isinstance(value, dict):
+            flat.update(_numbers(value, f"{prefix}{key}."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[prefix + key] = value
+    return flat
+
+
+def compare_builds(args) -> dict:
+    """Runs this file's sections once per build and round, the builds taking turns."""
+    builds = [parse_build(b) for b in args.build]
+    passthrough = ["--sections", *args.sections, "--restore-rows", str(args.restore_rows),
+                   "--restore-dim", str(args.restore_dim), "--restores", str(args.restores)]
+    if args.quick:
+        passthrough.append("--quick")
+    rounds = {name: [] for name, _, _ in builds}
+    for r in range(args.rounds):
+        order = builds if r % 2 == 0 else builds[::-1]
+        for name, tree, native in order:
+            env = dict(os.environ, PYTHONPATH=tree, DUALEMB_NATIVE_DIR=native)
+            done = subprocess.run([sys.executable, os.path.abspath(__file__), *passthrough],
+                                  env=env, check=True, capture_output=True, text=True)
+            rounds[name].append(json.loads(done.stdout))
+    medians = {}
+    for name, results in rounds.items():
+        flat = [_numbers({k: v for k, v in res.items() if k in args.sections}) for res in results]
+        medians[name] = {k: statistics.median(f[k] for f in flat) for k in flat[0]}
+    first = builds[0][0]
+    ratios = {name: {k: round(v / medians[first][k], 4) for k, v in medians[name].items()
+                     if medians[first].get(k)}
+              for name in medians if name != first}
+    return {"builds": {n: {"tree": t, "native": nd} for n, t, nd in builds},
+            "rounds": rounds, "medians": medians, "ratios": ratios}
+
+
 def main():
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer repeats and steps")
+    parser.add_argument("--sections", nargs="+", choices=["lookup", "fit", "restore"],
+                        default=["lookup", "fit", "restore"])
+    parser.add_argument("--restore-rows", type=int, default=1_000_000)
+    parser.add_argument("--restore-dim", type=int, default=64)
+    parser.add_argument("--restores", type=int, default=7)
+    parser.add_argument("--build", action="append", default=[],
+                        help="NAME=TREE[:NATIVE_DIR]; compare builds side by side")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of a --build comparison")
     args = parser.parse_args()
     out = {
         "benchmark": "dualemb.tf",
@@ -129,9 +247,13 @@ def main():
         "keras": keras.__version__,
         "cpus": os.cpu_count(),
         "machine": platform.machine(),
-        "lookup": bench_lookup(repeats=5 if args.quick else 30, inner=20 if args.quick else 50),
-        "fit": bench_fit(steps=10 if args.quick else 60, epochs=1 if args.quick else 2),
+        "load_average": os.getloadavg(),
     }
+    if args.build:
+        out.update(compare_builds(args))
+    else:
+        out.update(run_sections(args))
+    out["load_average_end"] = os.getloadavg()
     print(json.dumps(out, indent=2))
 
 

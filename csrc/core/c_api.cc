@@ -319,6 +319,17 @@ int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const 
   });
 }
 
+int de_replace(int64_t id, int32_t key_dtype, const void* keys, int64_t n, const void* values,
+               const void* slots, int32_t num_slots, const int64_t* last_update,
+               const int64_t* update_count, const uint8_t* stepped, int64_t* evicted) {
+  return guarded("replace", [&] {
+    auto t = dualemb::get_table(id);
+    require(values, n, "values");
+    set_evicted(evicted, t->replace_rows({key_dtype, keys, n}, values, slots, num_slots,
+                                         last_update, update_count, stepped));
+  });
+}
+
 int de_changes_begin(int64_t id, int64_t* token) {
   return guarded("changes begin", [&] {
     require_out(token, "token");

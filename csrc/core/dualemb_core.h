@@ -265,6 +265,13 @@ DE_API int de_import(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
                      const void* values, const void* slots, int32_t num_slots,
                      const int64_t* last_update, const int64_t* update_count,
                      const uint8_t* stepped, int64_t* evicted);
+// de_clear then de_import as one call, under the table's lock (no reader sees it empty in
+// between): afterwards the table holds exactly the given rows. The in-memory table refills the
+// memory it holds instead of giving it back and faulting in fresh pages.
+DE_API int de_replace(int64_t id, int32_t key_dtype, const void* keys, int64_t n,
+                      const void* values, const void* slots, int32_t num_slots,
+                      const int64_t* last_update, const int64_t* update_count,
+                      const uint8_t* stepped, int64_t* evicted);
 // The table's logical clock (incremented by every write; stamped into last_update).
 DE_API int de_get_clock(int64_t id, int64_t* out);
 DE_API int de_set_clock(int64_t id, int64_t clock);

@@ -60,6 +60,20 @@ class KeyIndex {
   void shrink_for(int64_t n) noexcept;
   // Drops every key and the array (back to the minimum). Throws std::bad_alloc, unchanged.
   void clear() { reset(kMinCapacity); }
+  // Whether empty_for(n) keeps this array (it already has the size an index grown for n keys
+  // from empty would get), so it allocates nothing.
+  bool empties_in_place(int64_t n) const { return capacity_for(n) == mask_ + 1; }
+  // Drops every key, keeping the array; only where empties_in_place(n). Rewriting resident
+  // slots costs a fraction of mapping (and faulting in) a fresh array of the same size.
+  void empty_in_place() noexcept {
+    for (uint64_t i = 0; i <= mask_; ++i) slots_[i] = Slot{0, kEmpty};
+  }
+  // An empty index with the array that growing an empty one for n keys would allocate.
+  static KeyIndex empty_for(int64_t n) {
+    KeyIndex k{NoArray{}};
+    k.reset(capacity_for(n));
+    return k;
+  }
   size_t bytes() const { return block_.footprint(); }
   // Bytes an index for n keys would take (for up-front size checks).
   static long double bytes_for(int64_t n) {

@@ -112,6 +112,16 @@ class RowStore {
     std::vector<Block>().swap(chunks_);
     size_ = 0;
   }
+  // Drops every row, keeping the chunks that n rows need (freeing the others): a refill of up
+  // to n rows writes into memory that is already resident instead of faulting in fresh pages.
+  void clear_keeping(int64_t n) noexcept {
+    const int64_t keep = (n + mask()) >> shift_;
+    while (static_cast<int64_t>(chunks_.size()) > keep) chunks_.pop_back();
+    size_ = 0;
+  }
+  // Frees the chunk table's spare capacity (as an emptied table's would be): optional, a
+  // failed reallocation keeps the larger table.
+  void shrink_chunk_table() noexcept { chunks_.shrink_to_fit(); }
   // Makes room for n rows: all missing chunks are allocated first, then adopted, so a failure
   // changes nothing.
   void reserve(int64_t n) {

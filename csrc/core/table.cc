@@ -683,15 +683,62 @@ int64_t Table::export_rows(int64_t offset, int64_t limit, int64_t* keys, void* v
 int64_t Table::import_rows(const int64_t* keys, int64_t n, const void* values_in,
                            const void* slots_in, int slots_given, const int64_t* last_update,
                            const int64_t* update_count, const uint8_t* stepped) {
-  const unsigned char* values = static_cast<const unsigned char*>(values_in);
-  const unsigned char* slots = static_cast<const unsigned char*>(slots_in);
-  const size_t rb = row_bytes();
   std::unique_lock<std::shared_mutex> lock(mu_);
-  const int64_t ns = num_slots();
-  check_slot_count(slots_given, static_cast<int>(ns));
+  check_slot_count(slots_given, static_cast<int>(num_slots()));
   Grouping g;
   group_by_shard(keys, n, &g);
   prepare_inserts(g, n);
+  return import_grouped(g, keys, n, values_in, slots_in, last_update, update_count, stepped);
+}
+
+int64_t Table::replace_rows(const int64_t* keys, int64_t n, const void* values_in,
+                            const void* slots_in, int slots_given, const int64_t* last_update,
+                            const int64_t* update_count, const uint8_t* stepped) {
+  // clear() then import_rows(), under one lock (no reader sees the table empty in between) and
+  // into the memory the table holds: clear() unmaps every chunk and index array (memory goes
+  // back to the OS), so the import after it faulted all of its pages in afresh, a third of a
+  // tf.train.Checkpoint restore of a 1M x 64 table (docs/benchmarks.md, "Regressions since the
+  // turn-2 main"). Each shard keeps the chunks its share of the rows needs and its index array
+  // when that has the size an index grown for the share from empty would get, so the table
+  // ends exactly as clear() + import_rows() leave it (same rows, order, clock, memory).
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  check_slot_count(slots_given, static_cast<int>(num_slots()));
+  Grouping g;
+  group_by_shard(keys, n, &g);
+  // Everything that may fail is allocated before a shard changes: a fresh index where the
+  // kept array has the wrong size, and the chunks a shard lacks.
+  std::vector<KeyIndex> fresh(shards_.size());
+  std::vector<std::vector<Block>> chunks(shards_.size());
+  for (size_t si = 0; si < shards_.size(); ++si) {
+    const int64_t share = g.start[si + 1] - g.start[si];
+    if (share >= static_cast<int64_t>(KeyIndex::kEmpty))
+      throw std::length_error("a shard of this table would pass its limit of 2^32 - 1 rows");
+    Shard& s = *shards_[si];
+    if (!s.index.empties_in_place(share)) fresh[si] = KeyIndex::empty_for(share);
+    chunks[si] = s.rows.chunks_for(share);
+  }
+  ++clock_;  // clear()'s tick
+  for (size_t si = 0; si < shards_.size(); ++si) {
+    Shard& s = *shards_[si];
+    const int64_t share = g.start[si + 1] - g.start[si];
+    if (s.index.empties_in_place(share)) s.index.empty_in_place();
+    else s.index = std::move(fresh[si]);
+    s.rows.clear_keeping(share);
+    s.rows.adopt(chunks[si]);
+    s.rows.shrink_chunk_table();
+  }
+  prepare_inserts(g, n);  // the room is there: at most the eviction buffer is allocated
+  return import_grouped(g, keys, n, values_in, slots_in, last_update, update_count, stepped);
+}
+
+int64_t Table::import_grouped(const Grouping& g, const int64_t* keys, int64_t n,
+                              const void* values_in, const void* slots_in,
+                              const int64_t* last_update, const int64_t* update_count,
+                              const uint8_t* stepped) {
+  const unsigned char* values = static_cast<const unsigned char*>(values_in);
+  const unsigned char* slots = static_cast<const unsigned char*>(slots_in);
+  const size_t rb = row_bytes();
+  const int64_t ns = num_slots();
   const int64_t stamp = ++clock_;
   // Without stepped flags, rows given slots count as stepped where those slots differ from the
   // initial slots (what slot views showed before the flag existed: an old checkpoint shows the

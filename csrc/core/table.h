@@ -70,6 +70,9 @@ class Table final : public Storage {
   int64_t import_rows(const int64_t* keys, int64_t n, const void* values, const void* slots,
                       int slots_given, const int64_t* last_update,
                       const int64_t* update_count, const uint8_t* stepped) override;
+  int64_t replace_rows(const int64_t* keys, int64_t n, const void* values, const void* slots,
+                       int slots_given, const int64_t* last_update, const int64_t* update_count,
+                       const uint8_t* stepped) override;
   void initial_values(const int64_t* keys, int64_t n, void* values) const override;
 
   // Change tracking and evicted-row capture (change_tracking.h, storage.h).
@@ -132,6 +135,10 @@ class Table final : public Storage {
   // Marks row meta `m` written at `stamp` by a plain write (not an optimizer step).
   void mark_written(RowMeta& m, int64_t stamp) const;
 
+  // import_rows' writes, under the exclusive lock, after prepare_inserts(g, n).
+  int64_t import_grouped(const Grouping& g, const int64_t* keys, int64_t n, const void* values,
+                         const void* slots, const int64_t* last_update,
+                         const int64_t* update_count, const uint8_t* stepped);
   // Gives shard i room for rows_after[i] rows, all or nothing.
   void grow_shards(const int64_t* rows_after);
   // Allocates all a write of the grouped keys may need (see table.cc), before it changes rows.

@@ -249,6 +249,19 @@ int64_t TableFacade::import_rows(const KeyBatch& k, const void* values, const vo
                             update_count, stepped);
 }
 
+int64_t TableFacade::replace_rows(const KeyBatch& k, const void* values, const void* slots,
+                                  int32_t num_slots, const int64_t* last_update,
+                                  const int64_t* update_count, const uint8_t* stepped) {
+  check_batch(k);
+  if (strings_) {
+    clear();
+    return import_rows(k, values, slots, num_slots, last_update, update_count, stepped);
+  }
+  const int slots_given = slots ? num_slots : -1;
+  return rows_->replace_rows(WideKeys(k).data(), k.n, values, slots, slots_given, last_update,
+                             update_count, stepped);
+}
+
 void TableFacade::initial_values(const KeyBatch& k, void* values) const {
   check_batch(k);
   if (strings_) return strings_->initial_values(k.data, k.n, values);

@@ -114,6 +114,10 @@ class TableFacade {
   int64_t import_rows(const KeyBatch& keys, const void* values, const void* slots,
                       int32_t num_slots, const int64_t* last_update, const int64_t* update_count,
                       const uint8_t* stepped);
+  // clear() + import_rows() (the backend may do it in one step: Storage::replace_rows).
+  int64_t replace_rows(const KeyBatch& keys, const void* values, const void* slots,
+                       int32_t num_slots, const int64_t* last_update, const int64_t* update_count,
+                       const uint8_t* stepped);
   void initial_values(const KeyBatch& keys, void* values) const;
 
   // Change tracking (change_tracking.h) and evicted-row capture; the backend's, refused where it

@@ -164,11 +164,17 @@ class ImportOp : public OpKernel {
     CoreStrings string_rows(string_values ? values
                                           : Tensor(::tensorflow::DT_STRING, TensorShape({0})));
     ScopedRunnerHelpers helpers(ctx);
-    if (clear_) DE_CORE_CALL(ctx, de_clear(id));
     int64_t evicted = 0;
-    if (n > 0) {
-      DE_CORE_CALL(ctx, de_import(id, d.key_dtype, CoreKeys(keys).ptr(), n,
-                                  string_values ? string_rows.ptr() : values.data(), slot_ptr,
+    const void* row_ptr = string_values ? string_rows.ptr() : values.data();
+    if (clear_ && n == 0) {
+      DE_CORE_CALL(ctx, de_clear(id));
+    } else if (clear_) {
+      // One call: the core refills the table's own memory (de_clear would unmap it and the
+      // import fault it all in again: docs/benchmarks.md, "Regressions since the turn-2 main").
+      DE_CORE_CALL(ctx, de_replace(id, d.key_dtype, CoreKeys(keys).ptr(), n, row_ptr, slot_ptr,
+                                   d.num_slots, last_ptr, count_ptr, stepped_ptr, &evicted));
+    } else if (n > 0) {
+      DE_CORE_CALL(ctx, de_import(id, d.key_dtype, CoreKeys(keys).ptr(), n, row_ptr, slot_ptr,
                                   d.num_slots, last_ptr, count_ptr, stepped_ptr, &evicted));
     }
     OP_REQUIRES_OK(ctx, OutputScalar(ctx, 0, evicted));

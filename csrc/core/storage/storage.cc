@@ -33,6 +33,13 @@ namespace {
 
 }  // namespace
 
+int64_t Storage::replace_rows(const int64_t* keys, int64_t n, const void* values,
+                              const void* slots, int slots_given, const int64_t* last_update,
+                              const int64_t* update_count, const uint8_t* stepped) {
+  clear();
+  return import_rows(keys, n, values, slots, slots_given, last_update, update_count, stepped);
+}
+
 void Storage::changes_commit(int64_t token, const std::string&) {
   if (token != 0) no_change_tracking();
 }

@@ -65,6 +65,11 @@ class Storage {
   virtual int64_t import_rows(const int64_t* keys, int64_t n, const void* values,
                               const void* slots, int slots_given, const int64_t* last_update,
                               const int64_t* update_count, const uint8_t* stepped) = 0;
+  // clear() then import_rows(): the table holds exactly the given rows after it. A backend may
+  // do it in one step (Table reuses its memory); this default calls the two.
+  virtual int64_t replace_rows(const int64_t* keys, int64_t n, const void* values,
+                               const void* slots, int slots_given, const int64_t* last_update,
+                               const int64_t* update_count, const uint8_t* stepped);
   virtual void initial_values(const int64_t* keys, int64_t n, void* values) const = 0;
 
   // Change tracking (change_tracking.h: ChangeMark) for delta checkpoints. A backend without it
