@@ -245,6 +245,12 @@ def start(path: str, tables: Mapping, write: Callable[[dict], None]) -> SaveHand
         tokens = [t.changes_begin() if hasattr(t, "changes_begin") else 0 for t in live]
         copies = snapshot_tables(tables)
         flat_copies = [t for shards in copies.values() for t in shards]
+        # The copies' exports run on the writer thread alone: on the core's shared pool they
+        # would take its helper threads (at the caller's priority, not the writer's) from the
+        # training steps that wait for them.
+        for t in flat_copies:
+            if hasattr(t, "set_num_threads"):
+                t.set_num_threads(1)
         labels_before = [getattr(t, "changes_label", None) if token else None
                          for t, token in zip(flat_copies, tokens)]
         handle = SaveHandle(path)
