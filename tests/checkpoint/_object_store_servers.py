@@ -92,5 +92,24 @@ def s3_options(server: Server) -> dict:
             "client_kwargs": {"region_name": "us-east-1"}}
 
 
+@contextlib.contextmanager
+def s3_bucket(tmp_dir: str):
+    """A moto S3 server with the bucket ``bucket``, set as fsspec's ``s3`` options for as long as
+    the block runs (then the server is killed and the options restored); yields its URL."""
+    fsspec = pytest.importorskip("fsspec", reason="fsspec (the object-store extra) is not "
+                                                  "installed")
+    server = moto_s3(tmp_dir)
+    old = fsspec.config.conf.get("s3")
+    try:
+        fsspec.config.conf["s3"] = s3_options(server)
+        fsspec.filesystem("s3").call_s3("create_bucket", Bucket="bucket")
+        yield "s3://bucket"
+    finally:
+        server.kill()
+        fsspec.config.conf.pop("s3", None)
+        if old is not None:
+            fsspec.config.conf["s3"] = old
+
+
 def gcs_options(server: Server) -> dict:
     return {"endpoint_url": server.endpoint, "token": "anon", "project": "test"}

@@ -24,17 +24,8 @@ ADAM = {"name": "adam", "flavor": "keras"}
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory):
     """A bucket on a moto S3 server of this module (one server for every test here)."""
-    server = servers.moto_s3(str(tmp_path_factory.mktemp("moto")))
-    old = fsspec.config.conf.get("s3")
-    try:
-        fsspec.config.conf["s3"] = servers.s3_options(server)
-        fsspec.filesystem("s3").call_s3("create_bucket", Bucket="bucket")
-        yield "s3://bucket"
-    finally:
-        server.kill()
-        fsspec.config.conf.pop("s3", None)
-        if old is not None:
-            fsspec.config.conf["s3"] = old
+    with servers.s3_bucket(str(tmp_path_factory.mktemp("moto"))) as url:
+        yield url
 
 
 def state(tables):
