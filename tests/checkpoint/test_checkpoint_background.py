@@ -337,11 +337,11 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def test_sigkill_during_background_save_keeps_the_last_checkpoint(tmp_path):
-    parent = tmp_path / "p"
-    parent.mkdir()
-    path = str(parent / "model")
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, path], stdout=subprocess.PIPE,
+def kill_when_writing(script, *args):
+    """Runs ``script`` in a child process, SIGKILLs it once it prints WRITING (its save is
+    writing files) and checks that the kill ended it; the child is ended by its pid also when
+    a check fails."""
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
@@ -353,6 +353,13 @@ def test_sigkill_during_background_save_keeps_the_last_checkpoint(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_sigkill_during_background_save_keeps_the_last_checkpoint(tmp_path):
+    parent = tmp_path / "p"
+    parent.mkdir()
+    path = str(parent / "model")
+    kill_when_writing(CHILD, path)
     assert complete_dirs(parent) == ["model"]
     assert any(n.startswith(".model.tmp-") for n in os.listdir(parent))  # it was mid-save
     ck = checkpoint.load(path)
@@ -402,18 +409,7 @@ def test_sigkill_during_background_delta_keeps_the_base(tmp_path):
     parent = tmp_path / "p"
     parent.mkdir()
     base, delta = str(parent / "base"), str(parent / "d1")
-    proc = subprocess.Popen([sys.executable, "-c", CHILD_DELTA, base, delta],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.strip() == "WRITING", (line, proc.stderr.read())
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.communicate(timeout=30)
-        assert proc.returncode == -signal.SIGKILL
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    kill_when_writing(CHILD_DELTA, base, delta)
     assert complete_dirs(parent) == ["base"]  # no delta that looks complete
     assert any(n.startswith(".d1.tmp-") for n in os.listdir(parent))  # it was mid-save
     assert not os.path.exists(delta)
