@@ -5,7 +5,9 @@ step, the rows concatenated with 4 dense features into an MLP 64-32-1, binary cr
 Keras' Adam on the tables (fused, in the core) and on the MLP (``dualemb.interop.keras_adam``)):
 
 * ``demo``: 8 features, dim 16, batch 2,048 (``python -m dualemb.demo``'s model);
-* ``criteo``: 26 features, dim 16, batch 4,096 (Criteo-like).
+* ``criteo``: 26 features, dim 16, batch 4,096 (Criteo-like); ``criteo_dim64`` the same at
+  dim 64, ``criteo_batch64k`` at batch 65,536 (its rounds run proportionally fewer steps, at
+  least 3, so that every model's round trains about the same number of examples).
 
 For each, in one process, rounds interleaved so that load drifts hit both alike:
 
@@ -46,7 +48,9 @@ from dualemb import core, interop
 from dualemb.core import optimizers as core_opts
 
 MODELS = {"demo": dict(features=8, dim=16, batch=2048),
-          "criteo": dict(features=26, dim=16, batch=4096)}
+          "criteo": dict(features=26, dim=16, batch=4096),
+          "criteo_dim64": dict(features=26, dim=64, batch=4096),
+          "criteo_batch64k": dict(features=26, dim=16, batch=65536)}
 HIDDEN = (64, 32)
 NUM_DENSE = 4
 LR = 3e-3
@@ -200,7 +204,8 @@ def _rounds(run, names, steps, rounds, batch):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="few steps (a smoke run)")
-    ap.add_argument("--models", default="demo,criteo")
+    ap.add_argument("--models", default="demo,criteo",
+                    help=f"comma-separated, of {', '.join(MODELS)}")
     ap.add_argument("--steps", type=int, default=None, help="steps per round")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--no-tf", action="store_true", help="leave out the TensorFlow rows")
@@ -212,15 +217,17 @@ def main(argv=None):
            "jax": jax.__version__, "steps_per_round": steps, "rounds": rounds, "models": {}}
     for name in args.models.split(","):
         m = MODELS[name]
-        batches = _batches(m["features"], m["batch"], 2 + steps * rounds)
-        out["models"][name] = {**m, "jax": _bench_jax(m, batches, steps, rounds),
-                               "core": _bench_core(m, batches, steps, rounds)}
+        m_steps = max(3, steps * 4096 // max(m["batch"], 4096))
+        batches = _batches(m["features"], m["batch"], 2 + m_steps * rounds)
+        out["models"][name] = {**m, "steps_per_round": m_steps,
+                               "jax": _bench_jax(m, batches, m_steps, rounds),
+                               "core": _bench_core(m, batches, m_steps, rounds)}
         if not args.no_tf:
             import bench_multi_table_tf as tf_rows  # TensorFlow only when asked for
             out["tensorflow"] = tf_rows.versions()
             for mode in ("loop", "fit"):
                 out["models"][name]["tf_" + mode] = tf_rows.bench(
-                    m, batches, steps, rounds, mode, _rounds, hidden=HIDDEN, lr=LR)
+                    m, batches, m_steps, rounds, mode, _rounds, hidden=HIDDEN, lr=LR)
     out["load_avg_after"] = os.getloadavg()
     print(json.dumps(out, indent=1))
 

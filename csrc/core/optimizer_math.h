@@ -119,18 +119,28 @@ DE_HD inline void optax_adagrad(float eps, float nlr, float& w, float& s, float 
 // ---- Adam, AdamW, AMSGrad
 // ------------------------------------------------------------------------- alpha =
 // StepScalars.c[0] (KerasAdam::prepare). Weight decay (AdamW) is keras_decay, before.
+// keras_adam_moments / keras_adam_step are also the dense parameters' Keras Adam in JAX
+// (csrc/jax/ffi_dense.cc: the Optax update is -step), so both follow Keras' float32 path.
+DE_HD inline void keras_adam_moments(float omb1, float omb2, float& m, float& v, float g) {
+  m = m + (g - m) * omb1;
+  v = v + (g * g - v) * omb2;
+}
+DE_HD inline float keras_adam_step(float alpha, float eps, float m, float v) {
+  return (m * alpha) / (hd::sqrt_rn(v) + eps);
+}
+
 template <bool kAms>
 DE_HD inline void keras_adam(const OptimizerKernel& k, float alpha, float& w, float& m, float& v,
                              float& vh, float g) {
-  const float mi = m + (g - m) * k.omb1;
-  float vi = v + (g * g - v) * k.omb2;
+  float mi = m, vi = v;
+  keras_adam_moments(k.omb1, k.omb2, mi, vi, g);
   m = mi;
   v = vi;
   if (kAms) {
     vi = hd::max_of(vh, vi);
     vh = vi;
   }
-  w = w - (mi * alpha) / (hd::sqrt_rn(vi) + k.eps);
+  w = w - keras_adam_step(alpha, k.eps, mi, vi);
 }
 
 // c[0] = 1/(1-b1^t), c[1] = 1/(1-b2^t), c[2] = 1/(1-b1^(t+1)) (OptaxAdam::prepare).

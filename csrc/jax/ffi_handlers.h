@@ -24,28 +24,30 @@
 
 #include "xla/ffi/api/api.h"
 
-#define DUALEMB_JAX_FFI_TARGETS(X)      \
-  /* Reads (ffi_read.cc). */            \
-  X(find, 1)                            \
-  X(size, 0)                            \
-  X(export, 0)                          \
-  X(after, 0)                           \
-  /* Writes (ffi_write.cc). */          \
-  X(find_or_insert, 1)                  \
-  X(insert_or_assign, 0)                \
-  X(insert_masked, 0)                   \
-  X(accum, 0)                           \
-  X(erase, 0)                           \
-  /* Training (ffi_train.cc). */        \
-  X(apply_gradients, 1)                 \
-  X(unique, 0)                          \
-  /* Sharded path (ffi_exchange.cc). */ \
-  X(exchange_check, 0)                  \
-  X(apply_gradients_first, 0)           \
-  /* Many tables (ffi_many.cc). */      \
-  X(find_many, 0)                       \
-  X(find_or_insert_many, 0)             \
-  X(apply_gradients_many, 0)
+#define DUALEMB_JAX_FFI_TARGETS(X)       \
+  /* Reads (ffi_read.cc). */             \
+  X(find, 1)                             \
+  X(size, 0)                             \
+  X(export, 0)                           \
+  X(after, 0)                            \
+  /* Writes (ffi_write.cc). */           \
+  X(find_or_insert, 1)                   \
+  X(insert_or_assign, 0)                 \
+  X(insert_masked, 0)                    \
+  X(accum, 0)                            \
+  X(erase, 0)                            \
+  /* Training (ffi_train.cc). */         \
+  X(apply_gradients, 1)                  \
+  X(unique, 0)                           \
+  /* Sharded path (ffi_exchange.cc). */  \
+  X(exchange_check, 0)                   \
+  X(apply_gradients_first, 0)            \
+  /* Many tables (ffi_many.cc). */       \
+  X(find_many, 0)                        \
+  X(find_or_insert_many, 0)              \
+  X(apply_gradients_many, 0)             \
+  /* Dense parameters (ffi_dense.cc). */ \
+  X(dense_keras_adam, 0)
 
 // DUALEMB_JAX_IF_CUDA_<0|1>(x): x for the entries with a CUDA handler.
 #define DUALEMB_JAX_IF_CUDA_0(x)

@@ -251,6 +251,15 @@ def apply_gradients_first(handle, version, keys, grads, lr, step_code, count):
                  jnp.asarray(count, _i32), has_side_effect=True)
 
 
+def dense_keras_adam(hyper, grads, m, v):
+    """(update, m, v): Keras' Adam on one dense parameter (not a table), in Keras' float32
+    order; ``hyper`` is float32[4] {alpha, 1 - beta_1, 1 - beta_2, epsilon}
+    (``dualemb.jax.keras_optax``)."""
+    s = _sds(jnp.shape(m), _f32)
+    return _call("dualemb_dense_keras_adam", (s, s, s), hyper, grads, m, v,
+                 vmap_method="sequential")
+
+
 # ---- many tables in one call -------------------------------------------------------------
 
 def _tables(handles, versions):

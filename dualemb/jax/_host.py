@@ -268,6 +268,16 @@ def unique(keys, *, outs):
 
 
 @twin
+def dense_keras_adam(hyper, grads, m, v, *, outs):
+    f32 = np.float32
+    alpha, omb1, omb2, eps = (f32(x) for x in np.asarray(hyper, f32).reshape(-1)[:4])
+    g, m, v = (np.asarray(x, f32) for x in (grads, m, v))
+    m = m + (g - m) * omb1  # numpy rounds each operation, as Keras (and the handler) do
+    v = v + (np.square(g) - v) * omb2
+    return -((m * alpha) / (np.sqrt(v) + eps)), m, v
+
+
+@twin
 def exchange_check(needed, capacity, payload, *, outs):
     n, c = int(np.asarray(needed).reshape(())), int(np.asarray(capacity).reshape(()))
     if n > c:
