@@ -209,10 +209,16 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=None, help="steps per round")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--no-tf", action="store_true", help="leave out the TensorFlow rows")
+    ap.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
+                    help="tuned: dualemb.host_memory.tune_malloc() first, as the demo does "
+                         "(both frameworks' steps stop faulting their result buffers in afresh)")
     args = ap.parse_args(argv)
+    if args.malloc == "tuned":
+        from dualemb.host_memory import tune_malloc
+        tune_malloc()
     steps = args.steps or (3 if args.quick else 30)
     rounds = args.rounds or (2 if args.quick else 5)
-    out = {"benchmark": "multi_table", "load_avg_before": os.getloadavg(),
+    out = {"benchmark": "multi_table", "load_avg_before": os.getloadavg(), "malloc": args.malloc,
            "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
            "jax": jax.__version__, "steps_per_round": steps, "rounds": rounds, "models": {}}
     for name in args.models.split(","):

@@ -271,6 +271,11 @@ def main(argv=None) -> int:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     _quiet_frameworks()
+    # A program may set the process's malloc (a library may not): both frameworks' steps
+    # allocate their results afresh, and without this every step faults them in again
+    # (dualemb/host_memory.py).
+    from dualemb.host_memory import tune_malloc
+    tune_malloc()
     from dualemb.core.checkpoint import CheckpointError
     try:
         summary = run(cfg, framework, out, verbose)
