@@ -159,22 +159,24 @@ class SaveHandle:
 
 class _Snapshot:
     """A table copy that stops the save at its next page once the save is cancelled (the copy
-    is a ``Table``; every other attribute is the copy's own)."""
+    is a ``Table``; every other attribute is the copy's own, and the copy's missing ones are
+    missing here too)."""
+
+    _PAGES = ("export", "export_slot_columns", "export_keys", "export_changed")
 
     def __init__(self, table, handle: SaveHandle):
         self._table = table
         self._handle = handle
 
     def __getattr__(self, name):
-        return getattr(self._table, name)
+        attr = getattr(self._table, name)
+        if name not in self._PAGES:
+            return attr
 
-    def export(self, *args, **kwargs):
-        self._handle._stop_if_cancelled()
-        return self._table.export(*args, **kwargs)
-
-    def export_keys(self, *args, **kwargs):
-        self._handle._stop_if_cancelled()
-        return self._table.export_keys(*args, **kwargs)
+        def page(*args, **kwargs):
+            self._handle._stop_if_cancelled()
+            return attr(*args, **kwargs)
+        return page
 
 
 # The save running in the background (or the last one), guarded by _lock. _turn is held by the
