@@ -1,7 +1,7 @@
 """The background writer paces itself (DUALEMB_BACKGROUND_SAVE_DUTY: the fraction of time it
-works): after each page it pauses (1 - duty) / duty times as long as the page took, a cancel ends
-the pause at once, a bad setting is refused before anything is copied, and the checkpoint is the
-state of the call (numpy reference) whatever the duty."""
+works): after each page it pauses (1 - duty) / duty times as long as the page took; a cancel and
+a second save end the pauses, wait() keeps them; a bad setting is refused before anything is
+copied; the checkpoint is the state of the call (numpy reference) whatever the duty."""
 
 import os
 import time
@@ -48,6 +48,9 @@ def slow_pages(monkeypatch):
         def __init__(self, wake):
             self._wake = wake
 
+        def is_set(self):
+            return self._wake.is_set()
+
         def wait(self, timeout):
             pauses.append(timeout)
             return self._wake.wait(timeout)
@@ -74,7 +77,10 @@ def test_the_writer_pauses_after_each_page(tmp_path, monkeypatch, slow_pages, du
     before = snapshot(t)
     h = checkpoint.save(str(tmp_path / "c"), {"t": t}, steps=1, page_rows=100, blocking=False)
     t.apply_gradients(np.arange(600), np.ones((600, 4), np.float32), 0.1, 2)  # after the call
-    h.wait(60)
+    deadline = time.monotonic() + 60
+    while not h.done() and time.monotonic() < deadline:  # looks only: a wait() would hurry it
+        time.sleep(0.01)
+    h.wait(0)
     assert_same(snapshot(checkpoint.load(str(tmp_path / "c")).tables["t"]), before)
     if duty == "1":
         assert slow_pages == []  # no pauses at all
@@ -117,3 +123,38 @@ def test_a_bad_setting_is_refused_before_anything_is_copied(tmp_path, monkeypatc
     assert copied == []
     assert not os.path.exists(tmp_path / "c")
     assert_same(snapshot(t), before)
+
+
+def _in_a_long_pause(monkeypatch, slow_pages, tmp_path, name="c"):
+    """A background save of a trained table, its writer in a pause of >= 200 s after page 1."""
+    monkeypatch.setenv(_background.DUTY_ENV, "0.0001")
+    t = _trained()
+    before = snapshot(t)
+    h = checkpoint.save(str(tmp_path / name), {"t": t}, steps=1, page_rows=100, blocking=False)
+    t.apply_gradients(np.arange(600), np.ones((600, 4), np.float32), 0.1, 2)  # after the call
+    deadline = time.monotonic() + 30
+    while not slow_pages and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert slow_pages and min(slow_pages) >= 9999 * PAGE_S
+    return t, h, before
+
+
+def test_waiting_keeps_the_pace(tmp_path, monkeypatch, slow_pages):
+    _, h, _ = _in_a_long_pause(monkeypatch, slow_pages, tmp_path)
+    with pytest.raises(TimeoutError):
+        h.wait(0.3)  # a thread waiting beside training (Orbax's commit) leaves the pauses be
+    with pytest.raises(TimeoutError):
+        h.exception(0)
+    assert not h.done() and len(slow_pages) == 1
+    assert h.cancel()  # ends the pause at once
+    with pytest.raises(checkpoint.SaveCancelled):
+        h.wait(30)
+
+
+def test_a_second_save_ends_the_pauses_of_the_first(tmp_path, monkeypatch, slow_pages):
+    t, h, before = _in_a_long_pause(monkeypatch, slow_pages, tmp_path)
+    after = snapshot(t)
+    checkpoint.save(str(tmp_path / "d"), {"t": t}, steps=2)  # waits for the first, not 1000 s
+    assert h.done() and h.exception() is None
+    assert_same(snapshot(checkpoint.load(str(tmp_path / "c")).tables["t"]), before)
+    assert_same(snapshot(checkpoint.load(str(tmp_path / "d")).tables["t"]), after)

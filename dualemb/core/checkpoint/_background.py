@@ -73,7 +73,7 @@ def writer_nice() -> int:
 # copying, checksumming and writing of a page slow training down whatever the writer's CPU
 # priority (docs/online_learning.md, "Background saves"). The save takes about 1 / duty times as
 # long; the snapshot is taken in the call all the same, so what is written does not change.
-WRITER_DUTY = 0.5
+WRITER_DUTY = 0.3
 DUTY_ENV = "DUALEMB_BACKGROUND_SAVE_DUTY"
 
 
@@ -96,16 +96,17 @@ def writer_duty() -> float:
 class _Pacer:
     """Keeps the writer working at most `duty` of the wall time: called before each page, it
     waits (1 - duty) / duty times the time since its last return (the previous page: its export,
-    and the wait for the writes of the page before it). A cancel ends the wait at once."""
+    and the wait for the writes of the page before it). Once `hurry` is set (by a cancel, or by
+    the next save, which waits for this one) it ends the pause and makes no more."""
 
-    def __init__(self, duty: float, wake: threading.Event):
+    def __init__(self, duty: float, hurry: threading.Event):
         self._rest_per_work = (1.0 - duty) / duty
-        self._wake = wake
+        self._hurry = hurry
         self._mark: float | None = None
 
     def __call__(self) -> None:
-        if self._mark is not None and self._rest_per_work > 0:
-            self._wake.wait((time.monotonic() - self._mark) * self._rest_per_work)
+        if self._mark is not None and self._rest_per_work > 0 and not self._hurry.is_set():
+            self._hurry.wait((time.monotonic() - self._mark) * self._rest_per_work)
         self._mark = time.monotonic()
 
 
@@ -145,7 +146,10 @@ class SaveHandle:
         self._committing = False  # past the last point where a cancel can stop it
         self._error: BaseException | None = None
         self._observed = False    # someone was given the outcome (wait / exception)
-        self._wake = threading.Event()  # set by cancel(): ends the writer's pause (_Pacer)
+        # Set by cancel() and by the next save (which waits for this one, and its caller with
+        # it): the writer stops pausing (_Pacer). wait() does not set it: a thread may wait
+        # beside training (Orbax's commit thread does), which the pauses are for.
+        self._hurry = threading.Event()
 
     def done(self) -> bool:
         return self._ended.is_set()
@@ -173,7 +177,7 @@ class SaveHandle:
             if self._committing or self._ended.is_set():
                 return False
             self._cancel = True
-            self._wake.set()
+            self._hurry.set()
             return True
 
     def __repr__(self) -> str:
@@ -243,6 +247,8 @@ def wait_running() -> None:
     with _lock:
         last, thread = _last, _thread
     if thread is not None:
+        if last is not None:
+            last._hurry.set()  # the caller (and its training) waits: no more pauses
         thread.join()
     if last is not None and not last._observed:
         last._observed = True
@@ -305,7 +311,7 @@ def start(path: str, tables: Mapping, write: Callable[[dict], None]) -> SaveHand
         labels_before = [getattr(t, "changes_label", None) if token else None
                          for t, token in zip(flat_copies, tokens)]
         handle = SaveHandle(path)
-        pace = _Pacer(duty, handle._wake)  # one for all the copies: they are written in turn
+        pace = _Pacer(duty, handle._hurry)  # one for all the copies: they are written in turn
         wrapped = {name: [_Snapshot(t, handle, pace) for t in shards]
                    for name, shards in copies.items()}
 
@@ -360,7 +366,7 @@ def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 
     and commit protocol, at a lower CPU priority than the caller's (Linux; the environment
     variable ``DUALEMB_BACKGROUND_SAVE_NICE`` sets by how many nice steps, default 10) and
     pausing between pages so that it works only a fraction of the time
-    (``DUALEMB_BACKGROUND_SAVE_DUTY``, default 0.5; see docs/online_learning.md). A bad setting
+    (``DUALEMB_BACKGROUND_SAVE_DUTY``, default 0.3; see docs/online_learning.md). A bad setting
     raises ``ValueError`` before anything is copied. Either first waits for a background save still
     running in this process, and raises its error if it failed and nobody waited for it.
     ``options`` go to the writer unchanged."""
