@@ -413,8 +413,7 @@ class Table(ChangeTracking):
         if limit is None:
             limit = max(0, self.size() - offset)
         limit = _count(limit, "limit")
-        if _vd.STRING in (self._key_dtype_name, self._value_dtype_name) or \
-                self._key_dtype_name == _string_keys.STRING:
+        if self._key_dtype_name == _string_keys.STRING or self._value_dtype_name == _vd.STRING:
             page = self.export(offset, limit)
             slots = page.pop("slots")
             page["slot_columns"] = [np.ascontiguousarray(slots[:, j])
