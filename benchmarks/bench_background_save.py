@@ -1,7 +1,8 @@
 """Training throughput while a background checkpoint save runs, and what its snapshot costs.
 
     DUALEMB_NATIVE_DIR=build/<name>/dualemb PYTHONPATH=. python benchmarks/bench_background_save.py \
-        [--rows 1000000] [--dim 64] [--batch 4096] [--seconds 5] [--dir /tmp] [--writer-nice N]
+        [--rows 1000000] [--dim 64] [--batch 4096] [--seconds 5] [--dir /tmp] [--writer-nice N] \
+        [--duty D]
 
 Prints one JSON object. A rows x dim float32 table with Adam (two slot columns) is filled, then:
 
@@ -16,11 +17,17 @@ Prints one JSON object. A rows x dim float32 table with Adam (two slot columns) 
   i.e. the snapshot, included), and ``save_s`` its duration; ``train_steps_per_s_idle_after``:
   idle again, right after; ``ratio`` = during / the mean of the two idle rates (on a shared
   machine the load drifts between the phases);
-* ``blocking_save_s``: a blocking save of the same table, for comparison;
+* ``blocking_save_s``: a blocking save of the same table, for comparison, and
+  ``blocking_save_cpu_s`` the CPU time it took (every thread's, user + system): the work a save
+  does, which a background save does beside training (less sensitive to the machine's load than
+  the wall times);
 * ``writer_nice``: how many nice steps below training the writer threads run (10 unless
   ``DUALEMB_BACKGROUND_SAVE_NICE`` or ``--writer-nice`` says otherwise; null for code without
-  the setting), and ``loadavg`` (``/proc/loadavg``) at the start and at the end: on a loaded
-  machine a lowered writer gets little CPU and the save takes much longer.
+  the setting), ``writer_duty``: the fraction of time the writer works (pausing between pages;
+  ``DUALEMB_BACKGROUND_SAVE_DUTY`` or ``--duty``; null for code without the setting),
+  ``crc32``: the CRC-32 implementation (``isal`` if installed, else ``zlib``), and ``loadavg``
+  (``/proc/loadavg``) at the start and at the end: on a loaded machine a lowered writer gets
+  little CPU and the save takes much longer.
 
 The issue's goal is a ratio >= 0.7 on 2 cores; numbers from a loaded machine say little.
 """
@@ -30,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -43,6 +51,12 @@ def rss_mb() -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def cpu_s() -> float:
+    """CPU seconds (user + system) of every thread of this process so far."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def loadavg() -> str | None:
@@ -62,6 +76,8 @@ def main() -> None:
     ap.add_argument("--dir", default=None)
     ap.add_argument("--writer-nice", type=int, default=None,
                     help="the background writer's nice steps (default: the library's)")
+    ap.add_argument("--duty", type=float, default=None,
+                    help="the background writer's duty cycle, in (0, 1] (default: the library's)")
     args = ap.parse_args()
 
     from dualemb.core import Table, checkpoint
@@ -69,7 +85,14 @@ def main() -> None:
 
     if args.writer_nice is not None:  # the library reads it at every background save
         os.environ["DUALEMB_BACKGROUND_SAVE_NICE"] = str(args.writer_nice)
+    if args.duty is not None:
+        os.environ["DUALEMB_BACKGROUND_SAVE_DUTY"] = str(args.duty)
     writer_nice = _background.writer_nice() if hasattr(_background, "writer_nice") else None
+    duty = _background.writer_duty() if hasattr(_background, "writer_duty") else None
+    try:
+        from dualemb.core.checkpoint._crc import IMPLEMENTATION as crc32_implementation
+    except ImportError:  # code before the choice: zlib's
+        crc32_implementation = "zlib"
     load_start = loadavg()
 
     rows, dim = args.rows, args.dim
@@ -107,9 +130,9 @@ def main() -> None:
     tmp = tempfile.mkdtemp(prefix="dualemb-bench-bg-", dir=args.dir)
     try:
         path = os.path.join(tmp, "ckpt")
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), cpu_s()
         checkpoint.save(path, {"t": t}, steps=step[0])
-        blocking_s = time.perf_counter() - t0
+        blocking_s, blocking_cpu = time.perf_counter() - t0, cpu_s() - cpu0
 
         n, t0 = 0, time.perf_counter()
         handle = checkpoint.save(path, {"t": t}, steps=step[0], blocking=False)
@@ -131,12 +154,15 @@ def main() -> None:
         "clone_s": round(clone_s, 4),
         "clone_extra_rss_mb": round(clone_extra, 1),
         "blocking_save_s": round(blocking_s, 3),
+        "blocking_save_cpu_s": round(blocking_cpu, 3),
         "save_s": round(save_s, 3),
         "train_steps_during_save": n,
         "train_steps_per_s_during_save": round(during, 2),
         "train_steps_per_s_idle_after": round(idle_after, 2),
         "ratio": round(2 * during / (idle + idle_after), 3) if idle + idle_after else None,
         "writer_nice": writer_nice,
+        "writer_duty": duty,
+        "crc32": crc32_implementation,
         "loadavg": [load_start, loadavg()],
     }, indent=1))
 

@@ -13,6 +13,7 @@
 #include "changes.h"
 #include "core_errors.h"
 #include "dualemb_core.h"
+#include "export_columns.h"
 #include "string_keys.h"
 #include "value_buffers.h"
 
@@ -194,6 +195,7 @@ PYBIND11_MODULE(_core, m) {
   m.def("version", [] { return std::string(de_version()); });
   dualemb_py::bind_string_keys(m);
   dualemb_py::bind_changes(m);
+  dualemb_py::bind_export_columns(m);
   m.def("create", [](int64_t id, const std::string& config) {
     int64_t out;
     check(de_table_create(id, config.c_str(), &out));

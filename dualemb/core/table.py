@@ -404,6 +404,42 @@ class Table(ChangeTracking):
                 "last_update": last[:n], "update_count": count[:n],
                 "stepped": stepped[:n].astype(bool)}
 
+    def export_slot_columns(self, offset: int = 0, limit: int | None = None) -> dict:
+        """As :meth:`export`, with each optimizer slot in its own [n, dim] array: the list
+        "slot_columns" (in ``slot_names`` order) instead of "slots". It is the layout of a
+        checkpoint's tensors, made without a second pass over the slot bytes (splitting
+        [n, num_slots, dim] afterwards reads and writes every slot byte once more)."""
+        offset = _count(offset, "offset")
+        if limit is None:
+            limit = max(0, self.size() - offset)
+        limit = _count(limit, "limit")
+        if self._key_dtype_name == _string_keys.STRING or self._value_dtype_name == _vd.STRING:
+            page = self.export(offset, limit)
+            slots = page.pop("slots")
+            page["slot_columns"] = [np.ascontiguousarray(slots[:, j])
+                                    for j in range(slots.shape[1])]
+            return page
+        keys = np.empty(limit, self._key_dtype)
+        values = np.empty((limit, self._dim), self._value_dtype)
+        last = np.empty(limit, np.int64)
+        count = np.empty(limit, np.int64)
+        stepped = np.empty(limit, np.uint8)
+        for attempt in range(3):
+            # As in export: an optimizer attached meanwhile through another handle changes the
+            # slot count, which the core checks under its lock.
+            columns = [np.empty((limit, self._dim), self._value_dtype)
+                       for _ in range(self.num_slots)]
+            try:
+                n = _core.export_slot_columns(self._id, offset, keys, values, columns, last,
+                                              count, stepped)
+                break
+            except ValueError as e:
+                if "slots buffer sized for" not in str(e) or attempt == 2:
+                    raise
+        return {"keys": keys[:n], "values": values[:n], "slot_columns": [c[:n] for c in columns],
+                "last_update": last[:n], "update_count": count[:n],
+                "stepped": stepped[:n].astype(bool)}
+
     def _export_strings(self, offset: int, limit: int) -> dict:
         # As export, with the keys as an object array of bytes (one call: rows and keys are read
         # together under the table's string lock).

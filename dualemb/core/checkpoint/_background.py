@@ -23,9 +23,11 @@ from __future__ import annotations
 import atexit
 import copy
 import logging
+import math
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 
 import numpy as np
@@ -65,6 +67,49 @@ def writer_nice() -> int:
     return value
 
 
+# The fraction of wall time the writer works, unless DUALEMB_BACKGROUND_SAVE_DUTY says otherwise
+# (a number in (0, 1]; 1: no pauses). After each page it pauses, (1 - duty) / duty times as long as
+# it worked on that page, and leaves training the memory bandwidth and the cores meanwhile: the
+# copying, checksumming and writing of a page slow training down whatever the writer's CPU
+# priority (docs/online_learning.md, "Background saves"). The save takes about 1 / duty times as
+# long; the snapshot is taken in the call all the same, so what is written does not change.
+WRITER_DUTY = 0.3
+DUTY_ENV = "DUALEMB_BACKGROUND_SAVE_DUTY"
+
+
+def writer_duty() -> float:
+    """The writer's duty cycle: DUALEMB_BACKGROUND_SAVE_DUTY if set (a number in (0, 1]), else
+    WRITER_DUTY."""
+    raw = os.environ.get(DUTY_ENV)
+    if raw is None or not raw.strip():
+        return WRITER_DUTY
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 1:  # nan and inf fail here too
+        raise ValueError(f"{DUTY_ENV} must be a number in (0, 1] (the fraction of time the "
+                         f"background save works), got {raw!r}")
+    return value
+
+
+class _Pacer:
+    """Keeps the writer working at most `duty` of the wall time: called before each page, it
+    waits (1 - duty) / duty times the time since its last return (the previous page: its export,
+    and the wait for the writes of the page before it). Once `hurry` is set (by a cancel, or by
+    the next save, which waits for this one) it ends the pause and makes no more."""
+
+    def __init__(self, duty: float, hurry: threading.Event):
+        self._rest_per_work = (1.0 - duty) / duty
+        self._hurry = hurry
+        self._mark: float | None = None
+
+    def __call__(self) -> None:
+        if self._mark is not None and self._rest_per_work > 0 and not self._hurry.is_set():
+            self._hurry.wait((time.monotonic() - self._mark) * self._rest_per_work)
+        self._mark = time.monotonic()
+
+
 def _lower_priority(steps: int) -> None:
     """Lowers the calling thread's CPU priority by `steps` (Linux: nice is per thread, and
     threads this one starts inherit it). Best effort: elsewhere, or if refused, nothing changes.
@@ -101,6 +146,10 @@ class SaveHandle:
         self._committing = False  # past the last point where a cancel can stop it
         self._error: BaseException | None = None
         self._observed = False    # someone was given the outcome (wait / exception)
+        # Set by cancel() and by the next save (which waits for this one, and its caller with
+        # it): the writer stops pausing (_Pacer). wait() does not set it: a thread may wait
+        # beside training (Orbax's commit thread does), which the pauses are for.
+        self._hurry = threading.Event()
 
     def done(self) -> bool:
         return self._ended.is_set()
@@ -128,6 +177,7 @@ class SaveHandle:
             if self._committing or self._ended.is_set():
                 return False
             self._cancel = True
+            self._hurry.set()
             return True
 
     def __repr__(self) -> str:
@@ -158,23 +208,27 @@ class SaveHandle:
 
 
 class _Snapshot:
-    """A table copy that stops the save at its next page once the save is cancelled (the copy
-    is a ``Table``; every other attribute is the copy's own)."""
+    """A table copy whose pages are paced (``_Pacer``) and that stops the save at its next page
+    once the save is cancelled (the copy is a ``Table``; every other attribute is the copy's
+    own, and the copy's missing ones are missing here too)."""
 
-    def __init__(self, table, handle: SaveHandle):
+    _PAGES = ("export", "export_slot_columns", "export_keys", "export_changed")
+
+    def __init__(self, table, handle: SaveHandle, pace):
         self._table = table
         self._handle = handle
+        self._pace = pace
 
     def __getattr__(self, name):
-        return getattr(self._table, name)
+        attr = getattr(self._table, name)
+        if name not in self._PAGES:
+            return attr
 
-    def export(self, *args, **kwargs):
-        self._handle._stop_if_cancelled()
-        return self._table.export(*args, **kwargs)
-
-    def export_keys(self, *args, **kwargs):
-        self._handle._stop_if_cancelled()
-        return self._table.export_keys(*args, **kwargs)
+        def page(*args, **kwargs):
+            self._pace()
+            self._handle._stop_if_cancelled()
+            return attr(*args, **kwargs)
+        return page
 
 
 # The save running in the background (or the last one), guarded by _lock. _turn is held by the
@@ -193,6 +247,8 @@ def wait_running() -> None:
     with _lock:
         last, thread = _last, _thread
     if thread is not None:
+        if last is not None:
+            last._hurry.set()  # the caller (and its training) waits: no more pauses
         thread.join()
     if last is not None and not last._observed:
         last._observed = True
@@ -235,6 +291,7 @@ def start(path: str, tables: Mapping, write: Callable[[dict], None]) -> SaveHand
     front ends use this with their own writer."""
     global _last, _thread
     nice = writer_nice()  # a bad setting raises here, before anything is copied
+    duty = writer_duty()
     with _turn:
         wait_running()
         # Change tracking (delta checkpoints): the live tables' save generation moves on before
@@ -254,7 +311,9 @@ def start(path: str, tables: Mapping, write: Callable[[dict], None]) -> SaveHand
         labels_before = [getattr(t, "changes_label", None) if token else None
                          for t, token in zip(flat_copies, tokens)]
         handle = SaveHandle(path)
-        wrapped = {name: [_Snapshot(t, handle) for t in shards] for name, shards in copies.items()}
+        pace = _Pacer(duty, handle._hurry)  # one for all the copies: they are written in turn
+        wrapped = {name: [_Snapshot(t, handle, pace) for t in shards]
+                   for name, shards in copies.items()}
 
         def mark_live_tables():
             for t, copy_, token, before in zip(live, flat_copies, tokens, labels_before):
@@ -305,8 +364,10 @@ def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 
     tables (``Table.clone()``), dense arrays, steps and metadata during the call, returns a
     :class:`SaveHandle` at once and writes that state on a background thread with the same files
     and commit protocol, at a lower CPU priority than the caller's (Linux; the environment
-    variable ``DUALEMB_BACKGROUND_SAVE_NICE`` sets by how many nice steps, default 10; see
-    docs/online_learning.md). Either first waits for a background save still
+    variable ``DUALEMB_BACKGROUND_SAVE_NICE`` sets by how many nice steps, default 10) and
+    pausing between pages so that it works only a fraction of the time
+    (``DUALEMB_BACKGROUND_SAVE_DUTY``, default 0.3; see docs/online_learning.md). A bad setting
+    raises ``ValueError`` before anything is copied. Either first waits for a background save still
     running in this process, and raises its error if it failed and nobody waited for it.
     ``options`` go to the writer unchanged."""
     if not isinstance(blocking, bool):

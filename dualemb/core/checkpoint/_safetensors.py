@@ -19,12 +19,12 @@ import os
 import struct
 import sys
 import threading
-import zlib
 from typing import Iterable, Mapping
 
 import numpy as np
 
 from dualemb.core.checkpoint import _objects
+from dualemb.core.checkpoint._crc import crc32
 from dualemb.core.checkpoint._manifest import CheckpointError
 
 # numpy dtype name -> safetensors dtype code
@@ -202,7 +202,7 @@ class Writer:
                              f"{name!r} ({end - begin} bytes)")
         if not len(view):
             return
-        crc = zlib.crc32(view)
+        crc = crc32(view)
         pwrite_all(self._fd, view, self._base + begin + pos)
         with self._lock:
             if pos in self._chunks[name]:
@@ -233,7 +233,7 @@ class Writer:
             tensors[name] = {"dtype": h["dtype"], "shape": h["shape"], "data_offsets": [begin, end],
                              "crc32": crcs[name]}
         return {"file": os.path.basename(self.path), "bytes": self._total,
-                "header_bytes": self._base, "header_crc32": zlib.crc32(self._header),
+                "header_bytes": self._base, "header_crc32": crc32(self._header),
                 "tensors": tensors}
 
     def close(self) -> None:
@@ -279,7 +279,7 @@ class Reader:
         (n,) = struct.unpack_from("<Q", head, 0)
         if n + 8 != hb or n > _MAX_HEADER:
             self._fail(f"header length {n} does not match the manifest ({hb - 8})")
-        if zlib.crc32(head) != self.entry["header_crc32"]:
+        if crc32(head) != self.entry["header_crc32"]:
             self._fail("header checksum mismatch (corrupt header)")
         try:
             header = json.loads(bytes(head[8:]).decode("utf-8"))
@@ -335,7 +335,7 @@ class Reader:
             m = min(len(mv), hi - pos)
             chunk = mv[:m]
             pread_into(self._fd, chunk, begin + pos, self.path)
-            crc = zlib.crc32(chunk, crc)
+            crc = crc32(chunk, crc)
             if on_chunk is not None:
                 on_chunk(name, chunk)
             pos += m
@@ -356,7 +356,7 @@ class Reader:
                 m = min(len(mv), end - pos)
                 chunk = mv[:m]
                 pread_into(self._fd, chunk, pos, self.path)
-                crc = zlib.crc32(chunk, crc)
+                crc = crc32(chunk, crc)
                 if on_chunk is not None:
                     on_chunk(name, chunk)
                 pos += m

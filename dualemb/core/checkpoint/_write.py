@@ -87,7 +87,11 @@ def write_new_file(path: str, data: bytes) -> None:
 
 
 def _export_page(table, offset: int, limit: int) -> dict:
-    """One page of `table` (indirection kept so tests can slow a save down)."""
+    """One page of `table`: its slots as the file's columns ("slot_columns") where the table
+    exports them so, else as the export's [m, num_slots, dim] "slots" (indirection kept so tests
+    can slow a save down; they may return either)."""
+    if hasattr(table, "export_slot_columns"):
+        return table.export_slot_columns(offset, limit)
     return table.export(offset, limit)
 
 
@@ -181,7 +185,17 @@ def write_shard(table, path: str, name: str, shard: int, info: dict, page_rows: 
                     key_writer.write_page(done, page["keys"])
                 except _skeys.CorruptKeys:
                     clock0 = None  # modified while saved: reported below
-            inflight += [pool.submit(slot_task, j, done, page["slots"]) for j in range(ns)]
+            columns = page.get("slot_columns")
+            if columns is None:  # split here, on the pool's threads
+                inflight += [pool.submit(slot_task, j, done, page["slots"]) for j in range(ns)]
+            elif len(columns) != ns:  # an optimizer attached meanwhile
+                raise CheckpointError(
+                    f"table {name!r} shard {shard} was modified while it was being saved (its "
+                    f"slot count changed from {ns} to {len(columns)}); save again while no "
+                    "thread writes to it")
+            else:
+                for j, column in enumerate(columns):
+                    inflight += put(SLOT_PREFIX + slot_names[j], done, column)
             if with_stepped:
                 inflight += put(STEPPED, done, page["stepped"].astype(np.uint8))
             done += m
