@@ -76,8 +76,9 @@ def filled_table(keys, values, threads, optimizer=None):
 
     t = Table(dim=values.shape[1], num_threads=threads, optimizer=optimizer)
     t.reserve(keys.size + keys.size // 4)
+    # import_rows, not insert_or_assign: callgrind mode collects inside de_insert_or_assign.
     for s in range(0, keys.size, 1 << 17):
-        t.insert_or_assign(keys[s:s + (1 << 17)], values[s:s + (1 << 17)])
+        t.import_rows(keys[s:s + (1 << 17)], values[s:s + (1 << 17)])
     return t
 
 
@@ -148,10 +149,11 @@ def callgrind_inner(a):
         fn = core_ops(t, t, keys)[op]
     else:
         fn = numpy_ops(values)[op]
-    batches = [rng.integers(0, keys.size, a.batch) for _ in range(4)]
+    # A fresh batch every call: rows a repeated batch left in the cache would hide its misses.
+    batches = [rng.integers(0, keys.size, a.batch) for _ in range(a.calls)]
     rows = rng.normal(0, 0.01, size=(a.batch, dim)).astype(np.float32)
     for c in range(a.calls):
-        fn(batches[c % 4], rows, rows)
+        fn(batches[c], rows, rows)
 
 
 def callgrind_one(a, dim, op, side):
@@ -189,6 +191,8 @@ def main():
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--calls", type=int, default=20, help="callgrind: calls per op")
     p.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="callgrind only")
+    p.add_argument("--sides", nargs="+", choices=["core", "numpy"], default=["core", "numpy"],
+                   help="callgrind only (e.g. core alone to compare two builds)")
     p.add_argument("--mode", choices=["wall", "callgrind"], default="wall")
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--op", choices=OPS, help=argparse.SUPPRESS)
@@ -214,9 +218,10 @@ def main():
         for dim in a.dims:
             row = {"dim": dim}
             for op in a.ops:
-                row[op] = {side: callgrind_one(a, dim, op, side) for side in ("core", "numpy")}
-                row[op]["instructions core/numpy"] = round(
-                    row[op]["core"]["instructions"] / row[op]["numpy"]["instructions"], 2)
+                row[op] = {side: callgrind_one(a, dim, op, side) for side in a.sides}
+                if len(a.sides) == 2:
+                    row[op]["instructions core/numpy"] = round(
+                        row[op]["core"]["instructions"] / row[op]["numpy"]["instructions"], 2)
             runs.append(row)
     result["runs"] = runs
     result["load_average_end"] = os.getloadavg()

@@ -29,15 +29,17 @@ decltype(auto) with_row_bytes(size_t bytes, Fn&& fn) {
   }
 }
 
-// Starts loading every cache line of [p, p + bytes) (bytes > 0): also the last line of a row
-// that straddles a line boundary, which a loop over p, p + 64, ... misses when the row does not
-// start on a line (a row of 56 bytes at offset 40 covers two lines).
-template <int kWrite = 0>
-inline void prefetch_bytes(const void* p, size_t bytes) {
-  constexpr uintptr_t kLine = 64;
-  uintptr_t a = reinterpret_cast<uintptr_t>(p) & ~(kLine - 1);
-  const uintptr_t last = reinterpret_cast<uintptr_t>(p) + bytes - 1;
-  for (; a <= last; a += kLine) __builtin_prefetch(reinterpret_cast<const void*>(a), kWrite);
+// Starts loading every cache line of [p, p + bytes) (bytes > 0), also the last line of a row
+// that straddles a line boundary, which a loop over p, p + 64, ... alone misses when the row
+// does not start on a line (56 bytes at offset 40 cover two lines). Points 64 bytes apart cannot
+// skip a line, and the last byte names the last line; for a row of at most 64 bytes of
+// compile-time size that is two prefetches and no loop.
+template <int kWrite = 0, class Bytes>
+inline void prefetch_bytes(const void* p, Bytes bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t off = 0; off < static_cast<size_t>(bytes); off += 64)
+    __builtin_prefetch(c + off, kWrite);
+  __builtin_prefetch(c + static_cast<size_t>(bytes) - 1, kWrite);
 }
 
 }  // namespace dualemb

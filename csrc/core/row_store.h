@@ -58,6 +58,7 @@ class RowStore {
   RowStore(int64_t width, size_t elem_size, int64_t chunk_shift)
       : width_(width),
         shift_(chunk_shift),
+        mask_((int64_t(1) << chunk_shift) - 1),
         stride_(stride_for(width, elem_size)) {}
   RowStore(RowStore&&) noexcept = default;
   RowStore& operator=(RowStore&&) noexcept = default;
@@ -65,7 +66,7 @@ class RowStore {
   // copied. The chunks are written whole at once, so they are prefaulted (memory_block.h).
   // Throws std::bad_alloc.
   RowStore(const RowStore& o)
-      : width_(o.width_), shift_(o.shift_), stride_(o.stride_), size_(o.size_) {
+      : width_(o.width_), shift_(o.shift_), mask_(o.mask_), stride_(o.stride_), size_(o.size_) {
     const int64_t used = (size_ + mask()) >> shift_;
     chunks_.reserve(static_cast<size_t>(used));
     for (int64_t c = 0; c < used; ++c) {
@@ -86,6 +87,10 @@ class RowStore {
   template <class T>
   T* row_as(int64_t i) { return reinterpret_cast<T*>(at(i) + sizeof(RowMeta)); }
   RowMeta& meta(int64_t i) { return *reinterpret_cast<RowMeta*>(at(i)); }
+  // The elements of the row whose metadata is m (row(i) == elements(meta(i))).
+  static unsigned char* elements(RowMeta& m) {
+    return reinterpret_cast<unsigned char*>(&m) + sizeof(RowMeta);
+  }
   const RowMeta& meta(int64_t i) const { return *reinterpret_cast<const RowMeta*>(at(i)); }
 
   // Starts loading row i (metadata, values and slots) into the cache, for writing: every line
@@ -166,7 +171,7 @@ class RowStore {
   }
 
  private:
-  int64_t mask() const { return (int64_t(1) << shift_) - 1; }
+  int64_t mask() const { return mask_; }
   unsigned char* at(int64_t i) const {
     return chunks_[i >> shift_].data() + static_cast<size_t>(i & mask()) * stride_;
   }
@@ -181,6 +186,7 @@ class RowStore {
 
   int64_t width_;
   int64_t shift_;
+  int64_t mask_;   // rows per chunk - 1, kept: every row access needs it
   size_t stride_;  // bytes per row (stride_for)
   int64_t size_ = 0;
   std::vector<Block> chunks_;

@@ -173,8 +173,8 @@ void Table::rebuild_rows(int64_t new_width) {
 }
 
 void Table::group_by_shard(const int64_t* keys, int64_t n, Grouping* g) const {
-  g->hashes.resize(n);
-  g->order.resize(n);
+  g->hashes.reset(new uint64_t[static_cast<size_t>(n)]);
+  g->order.reset(new int64_t[static_cast<size_t>(n)]);
   int64_t counts[kNumShards] = {0};
   for (int64_t i = 0; i < n; ++i) {
     uint64_t h = hash_key(keys[i]);
@@ -309,6 +309,10 @@ void Table::find(const int64_t* keys, int64_t n, void* values_out, uint8_t* exis
   unsigned char* values = static_cast<unsigned char*>(values_out);
   with_row_bytes(row_bytes(), [&](auto rb) {
     auto range = [&](int64_t begin, int64_t end) {
+      // Locals, not the captured references: the row copies store through char pointers, which
+      // may alias anything, so the compiler would reload captured pointers after every copy.
+      unsigned char* const out_rows = values;
+      uint8_t* const out_exists = exists;
       uint64_t h[kBlock];
       const Shard* sh[kBlock];
       const unsigned char* row[kBlock];  // null: the key is missing
@@ -325,13 +329,13 @@ void Table::find(const int64_t* keys, int64_t n, void* values_out, uint8_t* exis
           if (row[j]) prefetch_bytes(row[j], rb);
         }
         for (int j = 0; j < m; ++j) {
-          unsigned char* out = values + (b + j) * rb;
+          unsigned char* out = out_rows + (b + j) * rb;
           if (row[j]) {
             std::memcpy(out, row[j], rb);
           } else {
             fill_initial(static_cast<uint64_t>(keys[b + j]), out);
           }
-          if (exists) exists[b + j] = row[j] != nullptr;
+          if (out_exists) out_exists[b + j] = row[j] != nullptr;
         }
       }
     };
@@ -387,8 +391,9 @@ int64_t Table::insert_or_assign(const int64_t* keys, int64_t n, const void* valu
     return write_each_key(keys, n,
                           [&](Shard& s, int64_t i, uint64_t h, int64_t r, int64_t stamp) {
                             if (r < 0) r = insert_new(s, keys[i], h, stamp);
-                            std::memcpy(s.rows.row(r), values + i * rb, rb);
-                            mark_written(s.rows.meta(r), stamp);
+                            RowMeta& m = s.rows.meta(r);  // the row's address, computed once
+                            std::memcpy(RowStore::elements(m), values + i * rb, rb);
+                            mark_written(m, stamp);
                           });
   });
 }
