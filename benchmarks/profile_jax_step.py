@@ -303,6 +303,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--features", type=int, default=8)
     ap.add_argument("--batch", type=int, default=2048)
+    ap.add_argument("--dim", type=int, default=16)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--only", default="", help="comma-separated variant names")
@@ -313,7 +314,7 @@ def main(argv=None):
     if args.malloc == "tuned":
         from dualemb.host_memory import tune_malloc
         tune_malloc()
-    cfg = DemoConfig(features=args.features, batch_size=args.batch)
+    cfg = DemoConfig(features=args.features, batch_size=args.batch, dim=args.dim)
     v = Variants(cfg)
     batches = []
     for s in range(8):

@@ -73,7 +73,10 @@ def writer_nice() -> int:
 # copying, checksumming and writing of a page slow training down whatever the writer's CPU
 # priority (docs/online_learning.md, "Background saves"). The save takes about 1 / duty times as
 # long; the snapshot is taken in the call all the same, so what is written does not change.
-WRITER_DUTY = 0.3
+# 0.15: on the idle 2-core machine (1M x 64 Adam table, docs/benchmarks.md "Online learning")
+# training kept 0.70x / 0.78x of its speed during a save at 0.15, 0.59-0.70x at 0.3, 0.47-0.51x
+# unpaced; the save took 7-8 s instead of 4 s.
+WRITER_DUTY = 0.15
 DUTY_ENV = "DUALEMB_BACKGROUND_SAVE_DUTY"
 
 
@@ -366,7 +369,7 @@ def save(path, tables, *, steps=None, dense=None, metadata=None, page_rows=1 << 
     and commit protocol, at a lower CPU priority than the caller's (Linux; the environment
     variable ``DUALEMB_BACKGROUND_SAVE_NICE`` sets by how many nice steps, default 10) and
     pausing between pages so that it works only a fraction of the time
-    (``DUALEMB_BACKGROUND_SAVE_DUTY``, default 0.3; see docs/online_learning.md). A bad setting
+    (``DUALEMB_BACKGROUND_SAVE_DUTY``, default 0.15; see docs/online_learning.md). A bad setting
     raises ``ValueError`` before anything is copied. Either first waits for a background save still
     running in this process, and raises its error if it failed and nobody waited for it.
     ``options`` go to the writer unchanged."""
