@@ -23,7 +23,6 @@ from __future__ import annotations
 import atexit
 import copy
 import logging
-import math
 import os
 import sys
 import threading
@@ -52,27 +51,35 @@ WRITER_NICE = 10
 NICE_ENV = "DUALEMB_BACKGROUND_SAVE_NICE"
 
 
+def _env_setting(name: str, default, parse, valid, expected: str):
+    """The value of environment variable `name` read by `parse`, or `default` when it is unset or
+    blank; a ValueError naming `expected` when it does not parse or `valid` refuses it."""
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = parse(raw)
+    except ValueError:
+        value = None
+    if value is None or not valid(value):
+        raise ValueError(f"{name} must be {expected}, got {raw!r}")
+    return value
+
+
 def writer_nice() -> int:
     """The nice steps of the writer: DUALEMB_BACKGROUND_SAVE_NICE if set (an integer >= 0), else
     WRITER_NICE."""
-    raw = os.environ.get(NICE_ENV)
-    if raw is None or not raw.strip():
-        return WRITER_NICE
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(f"{NICE_ENV} must be an integer >= 0 (nice steps), got {raw!r}")
-    return value
+    return _env_setting(NICE_ENV, WRITER_NICE, int, lambda v: v >= 0,
+                        "an integer >= 0 (nice steps)")
 
 
 # The fraction of wall time the writer works, unless DUALEMB_BACKGROUND_SAVE_DUTY says otherwise
 # (a number in (0, 1]; 1: no pauses). After each page it pauses, (1 - duty) / duty times as long as
 # it worked on that page, and leaves training the memory bandwidth and the cores meanwhile: the
 # copying, checksumming and writing of a page slow training down whatever the writer's CPU
-# priority (docs/online_learning.md, "Background saves"). The save takes about 1 / duty times as
-# long; the snapshot is taken in the call all the same, so what is written does not change.
+# priority (docs/online_learning.md, "Background saves"). The pages' work takes 1 / duty times as
+# long (not the snapshot or the flush to disk); the snapshot is taken in the call all the same,
+# so what is written does not change.
 # 0.15: on the idle 2-core machine (1M x 64 Adam table, docs/benchmarks.md "Online learning")
 # training kept 0.70x / 0.78x of its speed during a save at 0.15, 0.59-0.70x at 0.3, 0.47-0.51x
 # unpaced; the save took 7-8 s instead of 4 s.
@@ -83,17 +90,8 @@ DUTY_ENV = "DUALEMB_BACKGROUND_SAVE_DUTY"
 def writer_duty() -> float:
     """The writer's duty cycle: DUALEMB_BACKGROUND_SAVE_DUTY if set (a number in (0, 1]), else
     WRITER_DUTY."""
-    raw = os.environ.get(DUTY_ENV)
-    if raw is None or not raw.strip():
-        return WRITER_DUTY
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 1:  # nan and inf fail here too
-        raise ValueError(f"{DUTY_ENV} must be a number in (0, 1] (the fraction of time the "
-                         f"background save works), got {raw!r}")
-    return value
+    return _env_setting(DUTY_ENV, WRITER_DUTY, float, lambda v: 0 < v <= 1,  # nan, inf fail
+                        "a number in (0, 1] (the fraction of time the background save works)")
 
 
 class _Pacer:
