@@ -377,12 +377,47 @@ class Table(ChangeTracking):
         """Rows [offset, offset+limit) in table order: keys, values, slots [n, num_slots, dim],
         last_update, update_count, stepped (bool: an optimizer step has updated the row since its
         slots were initialised). The order is stable while the table is not modified."""
+        offset, limit = self._page_range(offset, limit)
+        if self._key_dtype_name == _string_keys.STRING:
+            return self._export_strings(offset, limit)
+        no_slots = self._value_dtype_name == _vd.STRING
+        return self._export_fixed(
+            limit, "slots", lambda: np.empty((limit, self.num_slots, self._dim), self._value_dtype),
+            lambda slots, n: slots[:n],
+            lambda slots, *bufs: _core.export_page(self._id, offset, bufs[0], bufs[1],
+                                                   None if no_slots else slots, *bufs[2:]))
+
+    def export_slot_columns(self, offset: int = 0, limit: int | None = None) -> dict:
+        """As :meth:`export`, with each optimizer slot in its own [n, dim] array: the list
+        "slot_columns" (in ``slot_names`` order) instead of "slots". It is the layout of a
+        checkpoint's tensors, made without a second pass over the slot bytes (splitting
+        [n, num_slots, dim] afterwards reads and writes every slot byte once more)."""
+        offset, limit = self._page_range(offset, limit)
+        if self._key_dtype_name == _string_keys.STRING or self._value_dtype_name == _vd.STRING:
+            page = self.export(offset, limit)
+            slots = page.pop("slots")
+            page["slot_columns"] = [np.ascontiguousarray(slots[:, j])
+                                    for j in range(slots.shape[1])]
+            return page
+        return self._export_fixed(
+            limit, "slot_columns",
+            lambda: [np.empty((limit, self._dim), self._value_dtype) for _ in range(self.num_slots)],
+            lambda columns, n: [c[:n] for c in columns],
+            lambda columns, *bufs: _core.export_slot_columns(self._id, offset, bufs[0], bufs[1],
+                                                             columns, *bufs[2:]))
+
+    def _page_range(self, offset, limit) -> tuple[int, int]:
+        # export's arguments: limit None means every row from offset on.
         offset = _count(offset, "offset")
         if limit is None:
             limit = max(0, self.size() - offset)
-        limit = _count(limit, "limit")
-        if self._key_dtype_name == _string_keys.STRING:
-            return self._export_strings(offset, limit)
+        return offset, _count(limit, "limit")
+
+    def _export_fixed(self, limit: int, slots_name: str, make_slots, cut_slots,
+                      export_call) -> dict:
+        # One page of a fixed-width-key table into fresh buffers: export_call(slots, keys,
+        # values, last_update, update_count, stepped) -> rows written; the slot buffers come
+        # from make_slots() and enter the page as cut_slots(slots, n) under slots_name.
         keys = np.empty(limit, self._key_dtype)
         values = np.empty((limit, self._dim), self._value_dtype)
         last = np.empty(limit, np.int64)
@@ -391,52 +426,14 @@ class Table(ChangeTracking):
         for attempt in range(3):
             # The core refuses (under its lock) a slots buffer sized for another slot count; an
             # optimizer attached in between through another handle is read again.
-            slots = np.empty((limit, self.num_slots, self._dim), self._value_dtype)
+            slots = make_slots()
             try:
-                n = _core.export_page(self._id, offset, keys, values,
-                                      None if self._value_dtype_name == _vd.STRING else slots,
-                                      last, count, stepped)
+                n = export_call(slots, keys, values, last, count, stepped)
                 break
             except ValueError as e:
                 if "slots buffer sized for" not in str(e) or attempt == 2:
                     raise
-        return {"keys": keys[:n], "values": values[:n], "slots": slots[:n],
-                "last_update": last[:n], "update_count": count[:n],
-                "stepped": stepped[:n].astype(bool)}
-
-    def export_slot_columns(self, offset: int = 0, limit: int | None = None) -> dict:
-        """As :meth:`export`, with each optimizer slot in its own [n, dim] array: the list
-        "slot_columns" (in ``slot_names`` order) instead of "slots". It is the layout of a
-        checkpoint's tensors, made without a second pass over the slot bytes (splitting
-        [n, num_slots, dim] afterwards reads and writes every slot byte once more)."""
-        offset = _count(offset, "offset")
-        if limit is None:
-            limit = max(0, self.size() - offset)
-        limit = _count(limit, "limit")
-        if self._key_dtype_name == _string_keys.STRING or self._value_dtype_name == _vd.STRING:
-            page = self.export(offset, limit)
-            slots = page.pop("slots")
-            page["slot_columns"] = [np.ascontiguousarray(slots[:, j])
-                                    for j in range(slots.shape[1])]
-            return page
-        keys = np.empty(limit, self._key_dtype)
-        values = np.empty((limit, self._dim), self._value_dtype)
-        last = np.empty(limit, np.int64)
-        count = np.empty(limit, np.int64)
-        stepped = np.empty(limit, np.uint8)
-        for attempt in range(3):
-            # As in export: an optimizer attached meanwhile through another handle changes the
-            # slot count, which the core checks under its lock.
-            columns = [np.empty((limit, self._dim), self._value_dtype)
-                       for _ in range(self.num_slots)]
-            try:
-                n = _core.export_slot_columns(self._id, offset, keys, values, columns, last,
-                                              count, stepped)
-                break
-            except ValueError as e:
-                if "slots buffer sized for" not in str(e) or attempt == 2:
-                    raise
-        return {"keys": keys[:n], "values": values[:n], "slot_columns": [c[:n] for c in columns],
+        return {"keys": keys[:n], "values": values[:n], slots_name: cut_slots(slots, n),
                 "last_update": last[:n], "update_count": count[:n],
                 "stepped": stepped[:n].astype(bool)}
 
