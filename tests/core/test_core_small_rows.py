@@ -71,3 +71,27 @@ def test_small_rows_through_every_row_operation(vd, dim):
         t.set_optimizer({"name": "adam", "flavor": "keras"})  # rows rebuilt with two slots
         check_against(t, ref)
     t.destroy()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 31, 32, 33, 48, 100, 4095, 20000])
+def test_find_every_batch_length(n, threads):
+    # find prefetches and probes in blocks of 16 keys (the last block is partial; a parallel
+    # find runs the blocks of each range of 4,096 keys): every batch length around those sizes,
+    # present and missing keys interleaved, against a dict of numpy rows.
+    rng = np.random.default_rng(n)
+    dim = 8
+    present = rng.choice(1 << 40, 3000, replace=False).astype(np.int64)
+    vals = rng.normal(size=(present.size, dim)).astype(np.float32)
+    t = Table(dim=dim, num_threads=threads)
+    t.insert_or_assign(present, vals)
+    ref = {int(k): v for k, v in zip(present, vals)}
+    missing = rng.choice(1 << 40, n, replace=False).astype(np.int64) + (1 << 41)
+    pick = rng.random(n) < 0.7
+    query = np.where(pick, present[rng.integers(0, present.size, n)], missing)
+    got, exists = t.find(query)
+    assert got.shape == (n, dim)
+    np.testing.assert_array_equal(exists, pick)
+    want = np.stack([ref.get(int(k), np.zeros(dim, np.float32)) for k in query]) if n else got
+    np.testing.assert_array_equal(got, want)
+    t.destroy()

@@ -97,7 +97,8 @@ def test_tune_malloc_stops_refaulting_a_steps_result_buffers():
 @pytest.mark.parametrize("kwargs", [{"mmap_threshold": 0}, {"trim_threshold": -1},
                                     {"mmap_threshold": 64 << 20}, {"trim_threshold": 1.5},
                                     {"mmap_threshold": True}, {"mmap_max": -1},
-                                    {"mmap_max": 1.0}, {"mmap_max": False}])
+                                    {"mmap_max": 1.0}, {"mmap_max": False}, {"arena_max": 0},
+                                    {"arena_max": True}])
 def test_tune_malloc_refuses_bad_thresholds(kwargs):
     with pytest.raises(ValueError, match="tune_malloc"):
         tune_malloc(**kwargs)
