@@ -27,6 +27,7 @@ Reported per row: examples/s (median and best round), process CPU ms per step (a
 and ``speedup`` = multi-table examples/s over per-table (median rounds). Run on an idle machine::
 
     python benchmarks/bench_multi_table.py [--quick] [--models demo,criteo] [--no-tf]
+        [--legs jax,core,tf_loop,tf_fit]
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ MODELS = {"demo": dict(features=8, dim=16, batch=2048),
           "criteo": dict(features=26, dim=16, batch=4096),
           "criteo_dim64": dict(features=26, dim=64, batch=4096),
           "criteo_batch64k": dict(features=26, dim=16, batch=65536)}
+LEGS = ("jax", "core", "tf_loop", "tf_fit")
 HIDDEN = (64, 32)
 NUM_DENSE = 4
 LR = 3e-3
@@ -209,6 +211,9 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=None, help="steps per round")
     ap.add_argument("--rounds", type=int, default=None)
     ap.add_argument("--no-tf", action="store_true", help="leave out the TensorFlow rows")
+    ap.add_argument("--legs", default=",".join(LEGS),
+                    help="comma-separated legs to run (a leg alone in its own process, e.g. to "
+                         "compare jax and tf_loop in alternating processes)")
     ap.add_argument("--malloc", choices=("tuned", "default"), default="tuned",
                     help="tuned: dualemb.host_memory.tune_malloc() first, as the demo does "
                          "(both frameworks' steps stop faulting their result buffers in afresh)")
@@ -221,19 +226,27 @@ def main(argv=None):
     out = {"benchmark": "multi_table", "load_avg_before": os.getloadavg(), "malloc": args.malloc,
            "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
            "jax": jax.__version__, "steps_per_round": steps, "rounds": rounds, "models": {}}
+    legs = args.legs.split(",")
+    unknown = sorted(set(legs) - set(LEGS))
+    if unknown:
+        ap.error(f"unknown legs {unknown}: choose from {', '.join(LEGS)}")
+    if args.no_tf:
+        legs = [leg for leg in legs if not leg.startswith("tf_")]
     for name in args.models.split(","):
         m = MODELS[name]
         m_steps = max(3, steps * 4096 // max(m["batch"], 4096))
         batches = _batches(m["features"], m["batch"], 2 + m_steps * rounds)
-        out["models"][name] = {**m, "steps_per_round": m_steps,
-                               "jax": _bench_jax(m, batches, m_steps, rounds),
-                               "core": _bench_core(m, batches, m_steps, rounds)}
-        if not args.no_tf:
-            import bench_multi_table_tf as tf_rows  # TensorFlow only when asked for
-            out["tensorflow"] = tf_rows.versions()
-            for mode in ("loop", "fit"):
-                out["models"][name]["tf_" + mode] = tf_rows.bench(
-                    m, batches, m_steps, rounds, mode, _rounds, hidden=HIDDEN, lr=LR)
+        row = out["models"][name] = {**m, "steps_per_round": m_steps}
+        if "jax" in legs:
+            row["jax"] = _bench_jax(m, batches, m_steps, rounds)
+        if "core" in legs:
+            row["core"] = _bench_core(m, batches, m_steps, rounds)
+        for mode in ("loop", "fit"):
+            if "tf_" + mode in legs:
+                import bench_multi_table_tf as tf_rows  # TensorFlow only when asked for
+                out["tensorflow"] = tf_rows.versions()
+                row["tf_" + mode] = tf_rows.bench(m, batches, m_steps, rounds, mode, _rounds,
+                                                  hidden=HIDDEN, lr=LR)
     out["load_avg_after"] = os.getloadavg()
     print(json.dumps(out, indent=1))
 
