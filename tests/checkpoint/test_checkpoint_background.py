@@ -17,6 +17,7 @@ import pytest
 from dualemb.core import Table, checkpoint
 from dualemb.core.checkpoint import _background, _write
 from dualemb.core.checkpoint._manifest import CheckpointError
+from background_saves import no_save_left_running  # noqa: F401 (autouse fixture)
 from table_rows import assert_same, snapshot  # tests/ helper
 
 DIM = 8
@@ -57,15 +58,6 @@ def gated_pages(monkeypatch):
     yield gate, started
     gate.set()
     _background.wait_running()
-
-
-@pytest.fixture(autouse=True)
-def no_save_left_running():
-    yield
-    try:
-        _background.wait_running()
-    except CheckpointError:
-        pass
 
 
 def test_background_save_holds_the_state_of_the_call(tmp_path, gated_pages):

@@ -11,7 +11,7 @@ import pytest
 
 from dualemb.core import Table, checkpoint
 from dualemb.core.checkpoint import _background, _write
-from dualemb.core.checkpoint._manifest import CheckpointError
+from background_saves import no_save_left_running  # noqa: F401 (autouse fixture)
 from table_rows import assert_same, snapshot  # tests/ helper
 
 PAGE_S = 0.02  # what each page export takes at least here (slowed down on purpose)
@@ -21,15 +21,6 @@ def _trained(rows=600):
     t = Table(4, optimizer="adam")
     t.apply_gradients(np.arange(rows), np.full((rows, 4), 0.5, np.float32), 0.1, 1)
     return t
-
-
-@pytest.fixture(autouse=True)
-def no_save_left_running():
-    yield
-    try:
-        _background.wait_running()
-    except CheckpointError:
-        pass
 
 
 @pytest.fixture
