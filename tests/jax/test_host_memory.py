@@ -25,10 +25,10 @@ from dualemb.host_memory import tune_malloc  # noqa: E402
 
 _CHILD = r"""
 import json, resource, sys
+from dualemb.host_memory import tune_malloc
+applied = tune_malloc() if sys.argv[1] == "tuned" else None  # first thing, as documented
 import numpy as np, jax, jax.numpy as jnp
 import dualemb.jax as dej
-from dualemb.host_memory import tune_malloc
-applied = tune_malloc() if sys.argv[1] == "tuned" else None
 rng = np.random.default_rng(0)
 tables, ids, want = [], [], []
 for f in range(26):
@@ -84,14 +84,16 @@ def test_tune_malloc_stops_refaulting_a_steps_result_buffers():
     plain, tuned = _run("plain"), _run("tuned")
     assert tuned["applied"] is True
     assert plain["exact"] and tuned["exact"] and plain["close"] and tuned["close"]
-    # 27 MB of rows = 6,656 pages: without the settings most are faulted in every step
-    # (measured 4,400/step), with them they stay mapped (measured 420/step).
-    assert plain["faults"] > 2000, plain
-    assert tuned["faults"] < plain["faults"] / 4, (plain, tuned)
     # The training step's temporaries (> 50 MB in one buffer): every page every step without
-    # the settings; with them the buffer stays in a heap.
+    # the settings (measured 13,400-13,700/step), with them the buffer stays in a heap
+    # (measured 3-1,300).
     assert plain["train_faults"] > 8000, plain
     assert tuned["train_faults"] < plain["train_faults"] / 4, (plain, tuned)
+    # 27 MB of results = 6,656 pages: with the settings they stay mapped (measured 50-130 per
+    # step). Without them how many are faulted in again depends on where glibc's own moving
+    # mmap threshold stands after start-up (measured 1,500-4,800 per step), so only the tuned
+    # count is bounded here.
+    assert tuned["faults"] < 1000, (plain, tuned)
 
 
 @pytest.mark.parametrize("kwargs", [{"mmap_threshold": 0}, {"trim_threshold": -1},
