@@ -20,9 +20,9 @@ again (on 2 cores; every thread then takes the same malloc lock, which a many-co
 many small allocations may feel: ``arena_max=None`` keeps glibc's arenas).
 Call it first thing in the program: a thread that already has an arena of its own keeps it.
 
-:func:`tune_malloc` sets glibc's ``M_MMAP_THRESHOLD``, ``M_TRIM_THRESHOLD``, ``M_MMAP_MAX`` and
-``M_ARENA_MAX`` (``mallopt``) so that such buffers come from, and return to, the heap. It changes the whole
-process (every library's allocations; freed memory up to ``trim_threshold`` per heap stays with
+:func:`tune_malloc` sets glibc's ``M_MMAP_THRESHOLD``, ``M_TRIM_THRESHOLD``, ``M_MMAP_MAX``
+and ``M_ARENA_MAX`` (``mallopt``) so that such buffers come from, and return to, the heap. It
+changes the whole process (every library's allocations; freed memory up to ``trim_threshold`` per heap stays with
 the process instead of going back to the OS; with ``mmap_max=0`` even a huge buffer, once freed,
 returns to the OS only from the top of a heap), so dualemb never calls it on import: the demo
 and the benchmarks call it, and a training program may. The tables' own memory is not malloc's
@@ -62,6 +62,16 @@ def _glibc():
     return libc
 
 
+def _check_int(name: str, v, low: int, allow_none: bool = False) -> None:
+    # tune_malloc's arguments: ints in [low, 2**31) (mallopt takes a C int), or None if allowed.
+    if v is None and allow_none:
+        return
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v < 2**31:
+        either = "None or " if allow_none else ""
+        raise ValueError(f"tune_malloc: {name} must be {either}an int in [{low}, 2**31), "
+                         f"got {v!r}")
+
+
 def tune_malloc(mmap_threshold: int = MAX_MMAP_THRESHOLD, trim_threshold: int = 512 << 20,
                 mmap_max: int | None = 0, arena_max: int | None = 1) -> bool:
     """Sets glibc's malloc to serve requests below ``mmap_threshold`` bytes from its heaps and to
@@ -74,17 +84,10 @@ def tune_malloc(mmap_threshold: int = MAX_MMAP_THRESHOLD, trim_threshold: int = 
     threshold that is not a positive int (or an mmap threshold above 32 MiB, which glibc
     refuses), an ``mmap_max`` that is not None or an int >= 0, or an ``arena_max`` that is not
     None or an int >= 1, before changing anything."""
-    for name, v in (("mmap_threshold", mmap_threshold), ("trim_threshold", trim_threshold)):
-        if isinstance(v, bool) or not isinstance(v, int) or v <= 0 or v >= 2**31:
-            raise ValueError(f"tune_malloc: {name} must be an int in [1, 2**31), got {v!r}")
-    if mmap_max is not None and (isinstance(mmap_max, bool) or not isinstance(mmap_max, int)
-                                 or not 0 <= mmap_max < 2**31):
-        raise ValueError(f"tune_malloc: mmap_max must be None or an int in [0, 2**31), "
-                         f"got {mmap_max!r}")
-    if arena_max is not None and (isinstance(arena_max, bool) or not isinstance(arena_max, int)
-                                  or not 1 <= arena_max < 2**31):
-        raise ValueError(f"tune_malloc: arena_max must be None or an int in [1, 2**31), "
-                         f"got {arena_max!r}")
+    _check_int("mmap_threshold", mmap_threshold, 1)
+    _check_int("trim_threshold", trim_threshold, 1)
+    _check_int("mmap_max", mmap_max, 0, allow_none=True)
+    _check_int("arena_max", arena_max, 1, allow_none=True)
     if mmap_threshold > MAX_MMAP_THRESHOLD:
         raise ValueError(f"tune_malloc: glibc refuses an mmap_threshold above "
                          f"{MAX_MMAP_THRESHOLD} bytes (32 MiB), got {mmap_threshold}")

@@ -384,8 +384,8 @@ class Table(ChangeTracking):
         return self._export_fixed(
             limit, "slots", lambda: np.empty((limit, self.num_slots, self._dim), self._value_dtype),
             lambda slots, n: slots[:n],
-            lambda slots, *bufs: _core.export_page(self._id, offset, bufs[0], bufs[1],
-                                                   None if no_slots else slots, *bufs[2:]))
+            lambda keys, values, slots, *meta: _core.export_page(
+                self._id, offset, keys, values, None if no_slots else slots, *meta))
 
     def export_slot_columns(self, offset: int = 0, limit: int | None = None) -> dict:
         """As :meth:`export`, with each optimizer slot in its own [n, dim] array: the list
@@ -403,8 +403,7 @@ class Table(ChangeTracking):
             limit, "slot_columns",
             lambda: [np.empty((limit, self._dim), self._value_dtype) for _ in range(self.num_slots)],
             lambda columns, n: [c[:n] for c in columns],
-            lambda columns, *bufs: _core.export_slot_columns(self._id, offset, bufs[0], bufs[1],
-                                                             columns, *bufs[2:]))
+            lambda *bufs: _core.export_slot_columns(self._id, offset, *bufs))
 
     def _page_range(self, offset, limit) -> tuple[int, int]:
         # export's arguments: limit None means every row from offset on.
@@ -415,9 +414,10 @@ class Table(ChangeTracking):
 
     def _export_fixed(self, limit: int, slots_name: str, make_slots, cut_slots,
                       export_call) -> dict:
-        # One page of a fixed-width-key table into fresh buffers: export_call(slots, keys,
-        # values, last_update, update_count, stepped) -> rows written; the slot buffers come
-        # from make_slots() and enter the page as cut_slots(slots, n) under slots_name.
+        # One page of a fixed-width-key table into fresh buffers: export_call(keys, values,
+        # slots, last_update, update_count, stepped) -> rows written (the core's argument order);
+        # the slot buffers come from make_slots() and enter the page as cut_slots(slots, n)
+        # under slots_name.
         keys = np.empty(limit, self._key_dtype)
         values = np.empty((limit, self._dim), self._value_dtype)
         last = np.empty(limit, np.int64)
@@ -428,7 +428,7 @@ class Table(ChangeTracking):
             # optimizer attached in between through another handle is read again.
             slots = make_slots()
             try:
-                n = export_call(slots, keys, values, last, count, stepped)
+                n = export_call(keys, values, slots, last, count, stepped)
                 break
             except ValueError as e:
                 if "slots buffer sized for" not in str(e) or attempt == 2:
