@@ -18,8 +18,9 @@ rounds of 10 steps). With one arena (``M_ARENA_MAX`` = 1) every thread allocates
 heap, which only shrinks past the trim threshold: 0 faults per step, and the step 10-20% faster
 again (the first steps still fault a buffer's pages in now and then, 1-3 in the first 10 steps:
 a step that starts while XLA's threads are still freeing the last one's buffer finds no hole
-and grows the heap, which keeps that room from then on; on 2 cores; every thread then takes the same malloc lock, which a many-core process with
-many small allocations may feel: ``arena_max=None`` keeps glibc's arenas).
+and grows the heap, which keeps that room from then on; on 2 cores; every thread then takes
+the same malloc lock, which a many-core process with many small allocations may feel:
+``arena_max=None`` keeps glibc's arenas).
 Call it first thing in the program: a thread that already has an arena of its own keeps it.
 
 :func:`tune_malloc` sets glibc's ``M_MMAP_THRESHOLD``, ``M_TRIM_THRESHOLD``, ``M_MMAP_MAX``

@@ -25,7 +25,9 @@ constexpr int64_t kWidth = 8;  // float32: 56-byte rows padded to 64
 constexpr int64_t kShift = 12;  // 4,096 rows = 256 KiB a chunk, 8 chunks a slab
 constexpr int64_t kRowsPerSlab = int64_t(8) << kShift;
 
-float value_of(int64_t key, int j) { return static_cast<float>(key) * 16.0f + static_cast<float>(j); }
+float value_of(int64_t key, int j) {
+  return static_cast<float>(key) * 16.0f + static_cast<float>(j);
+}
 
 void write_row(RowStore& rs, int64_t i, int64_t key) {
   rs.meta(i) = dualemb::RowMeta{key, key + 1, 1, 0};
@@ -68,6 +70,13 @@ bool thp_offered() {
   return !s.empty() && s.find("[never]") == std::string::npos;
 }
 
+bool thp_always() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string s;
+  std::getline(f, s);
+  return s.find("[always]") != std::string::npos;
+}
+
 void test_rows_across_slabs() {
   RowStore rs(kWidth, sizeof(float), kShift);
   RCHECK(rs.stride() == 64);
@@ -101,7 +110,8 @@ void test_rows_across_slabs() {
     rs.move_last_into(i);
   }
   RCHECK(holds(rs, keys));
-  RCHECK(rs.capacity() <= (rs.size() >> kShift) * (int64_t(1) << kShift) + 2 * (int64_t(1) << kShift));
+  RCHECK(rs.capacity() <=
+         (rs.size() >> kShift) * (int64_t(1) << kShift) + 2 * (int64_t(1) << kShift));
   if (thp_offered()) {
     RCHECK(thp_eligible(rs.row(0)) == 1);  // the first slab is still full
     RCHECK(thp_eligible(rs.row(rs.size() - 1)) == 0);  // the second gave its tail back
@@ -116,7 +126,8 @@ void test_rows_across_slabs() {
   RowStore copy(rs);
   RCHECK(holds(copy, keys));
   RCHECK(reinterpret_cast<uintptr_t>(copy.row(0) - sizeof(dualemb::RowMeta)) %
-             dualemb::kHugePageBytes == 0);
+             dualemb::kHugePageBytes ==
+         0);
   rs.clear_keeping(kRowsPerSlab + 10);
   RCHECK(rs.size() == 0 && rs.capacity() >= kRowsPerSlab + 10);
   std::vector<int64_t> refill;
@@ -139,15 +150,31 @@ void test_rows_larger_than_a_slab() {
     rs.row_as<float>(i)[39999] = static_cast<float>(k);
   }
   bool ok = true;
-  for (int64_t i = 0; i < 40; ++i) ok = ok && rs.meta(i).key == i && rs.row_as<float>(i)[39999] == i;
+  for (int64_t i = 0; i < 40; ++i)
+    ok = ok && rs.meta(i).key == i && rs.row_as<float>(i)[39999] == i;
   RCHECK(ok);
   RowStore copy(rs);
   RCHECK(copy.meta(39).key == 39 && copy.row_as<float>(39)[39999] == 39.0f);
 }
 
+// A block of whole huge pages (an index array of 2 MiB or more) is aligned and marked for them;
+// another size is not.
+void test_huge_page_blocks() {
+  dualemb::Block whole(2 * dualemb::kHugePageBytes), other(dualemb::kHugePageBytes + 4096);
+  RCHECK(reinterpret_cast<uintptr_t>(whole.data()) % dualemb::kHugePageBytes == 0);
+  std::memset(whole.data(), 1, 2 * dualemb::kHugePageBytes);
+  std::memset(other.data(), 1, dualemb::kHugePageBytes + 4096);
+  if (thp_offered()) {
+    RCHECK(thp_eligible(whole.data()) == 1);
+    RCHECK(thp_eligible(whole.data() + 2 * dualemb::kHugePageBytes - 1) == 1);
+    RCHECK(thp_eligible(other.data()) == 0 || thp_always());
+  }
+}
+
 }  // namespace
 
 int run_row_store_tests() {
+  test_huge_page_blocks();
   test_rows_across_slabs();
   test_rows_larger_than_a_slab();
   return g_row_store_failures;
