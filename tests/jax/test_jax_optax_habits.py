@@ -18,6 +18,7 @@ import pytest
 import dualemb.jax as dej
 from dualemb.jax import optimizers as O
 from dualemb.jax.generic import GenericOptimizer
+from xla_division import optax_rounds_as_the_core
 
 V, DIM, STEPS = 6, 5, 8
 KEYS = np.array([11, 2**40 + 7, -3, 2**33, 5, 123456789], np.int64)
@@ -93,7 +94,7 @@ CLOSE = {"rmsprop": {}, "adagrad": {}}
 
 
 @pytest.mark.parametrize("case", sorted(BITWISE) + sorted(CLOSE))
-def test_injected_learning_rate_changed_mid_run_equals_dense_optax(case):
+def test_injected_learning_rate_changed_mid_run_equals_dense_optax(case, monkeypatch):
     name = case.split("_")[0]
     kwargs = {**BITWISE, **CLOSE}[case]
     opt = O.inject_hyperparams(getattr(optax, name))(learning_rate=LRS[0], **kwargs)
@@ -102,10 +103,15 @@ def test_injected_learning_rate_changed_mid_run_equals_dense_optax(case):
         init, trained = _train_injected(opt, LRS, duplicates)
         expected = _dense_injected(getattr(optax, name), init, LRS, duplicates, **kwargs)
         assert not np.allclose(trained, init)
+        np.testing.assert_allclose(trained, expected, rtol=2e-5, atol=2e-6)
         if case in BITWISE and not duplicates:
+            # Where XLA rounds Optax's bias correction otherwise than the core (jax >= 0.12.1),
+            # bit for bit against Optax rounding that one operation as the core does.
+            with monkeypatch.context() as m:
+                if optax_rounds_as_the_core(m):
+                    expected = _dense_injected(getattr(optax, name), init, LRS, duplicates,
+                                               **kwargs)
             np.testing.assert_array_equal(trained, expected)
-        else:
-            np.testing.assert_allclose(trained, expected, rtol=2e-5, atol=2e-6)
 
 
 def test_injected_equals_the_same_constant_rates_run_in_pieces():
