@@ -3,7 +3,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -44,32 +43,9 @@ std::string human(long double bytes) {
   return buf;
 }
 
-#ifndef MADV_COLLAPSE
-#define MADV_COLLAPSE 25  // Linux 6.1; older C libraries lack the name
-#endif
-
-// Maps `bytes` (a multiple of kHugePageBytes) on a huge-page boundary: maps one huge page more,
-// unmaps the unaligned head and tail, and gives the kernel `advice` (advice only: where it is
-// refused, THP disabled, the block works with small pages). Not prefaulted: a huge page is one
-// fault per 2 MiB anyway.
-void* map_aligned(size_t bytes, int advice) {
-  const size_t span = bytes + kHugePageBytes;
-  void* p = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) throw OutOfMemory("out of memory: could not map " + human(bytes));
-  const uintptr_t start = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t aligned = (start + kHugePageBytes - 1) & ~uintptr_t(kHugePageBytes - 1);
-  if (aligned > start) munmap(p, aligned - start);
-  const uintptr_t end = aligned + bytes;
-  if (start + span > end) munmap(reinterpret_cast<void*>(end), start + span - end);
-  madvise(reinterpret_cast<void*>(aligned), bytes, advice);
-  return reinterpret_cast<void*>(aligned);
-}
-
 }  // namespace
 
 void* allocate_block(size_t bytes, bool prefault) {
-  if (bytes >= kHugePageBytes && bytes % kHugePageBytes == 0)
-    return map_aligned(bytes, MADV_HUGEPAGE);
   if (bytes >= kMapThreshold) {
     const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (prefault ? MAP_POPULATE : 0);
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
@@ -81,33 +57,17 @@ void* allocate_block(size_t bytes, bool prefault) {
   return p;
 }
 
-void* allocate_slab() { return map_aligned(kHugePageBytes, MADV_NOHUGEPAGE); }
-
-void use_huge_pages(void* slab) noexcept {
-  if (madvise(slab, kHugePageBytes, MADV_HUGEPAGE) == 0)
-    madvise(slab, kHugePageBytes, MADV_COLLAPSE);
-}
-
-void release_slab_pages(void* slab, unsigned char* p, size_t bytes) noexcept {
-  madvise(slab, kHugePageBytes, MADV_NOHUGEPAGE);
-  const size_t ps = page_size();
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + ps - 1) / ps * ps;
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / ps * ps;
-  if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
-}
-
 void release_block(void* p, size_t bytes) noexcept {
   if (!p) return;
   if (bytes >= kMapThreshold) munmap(p, bytes);
   else std::free(p);
 }
 
-size_t whole_pages(size_t bytes) {
+size_t block_footprint(size_t bytes) {
+  if (bytes < kMapThreshold) return bytes;
   const size_t ps = page_size();
   return (bytes + ps - 1) / ps * ps;
 }
-
-size_t block_footprint(size_t bytes) { return bytes < kMapThreshold ? bytes : whole_pages(bytes); }
 
 uint64_t memory_limit_bytes() {
   static const uint64_t limit = compute_limit();

@@ -17,12 +17,6 @@
 namespace dualemb {
 
 constexpr size_t kMapThreshold = size_t(64) << 10;
-// A transparent huge page (x86-64, arm64 with 4 KiB pages). A block of a whole number of them is
-// mapped on a huge-page boundary and marked MADV_HUGEPAGE: a lookup's random accesses into a
-// table of gigabytes otherwise miss the TLB on nearly every index slot and row, and the page
-// walks, not the cache misses, limit it (find 1.6x faster on a 16M-row table with the index
-// arrays and row chunks in huge pages). Where the kernel's THP setting is "never" nothing changes.
-constexpr size_t kHugePageBytes = size_t(2) << 20;
 
 // An allocation that failed, or was refused before trying because it could never fit. Derives
 // from std::bad_alloc so every allocation failure is handled alike; what() names the size.
@@ -35,29 +29,15 @@ class OutOfMemory : public std::bad_alloc {
   std::string msg_;
 };
 
-// Allocates `bytes` (> 0) of uninitialised memory, aligned to at least 16 bytes (to
-// kHugePageBytes, in huge pages where the kernel allows, when `bytes` is a multiple of it). Throws
+// Allocates `bytes` (> 0) of uninitialised memory, aligned to at least 16 bytes. Throws
 // OutOfMemory. `prefault`: a mapped block gets all its pages now, in one call (MAP_POPULATE),
 // instead of one page fault per page on first touch: for blocks about to be written whole (a
 // clone's copies), which costs about a third less CPU than faulting them in page by page.
 void* allocate_block(size_t bytes, bool prefault = false);
-// Allocates a slab: kHugePageBytes on a huge-page boundary, in small pages until
-// use_huge_pages() is called on it (a row store fills a slab chunk by chunk: in huge pages from
-// the start, a shard's first rows would make the whole slab resident). Throws OutOfMemory.
-void* allocate_slab();
-// Has the kernel back a slab with one huge page now (MADV_HUGEPAGE, then MADV_COLLAPSE, which
-// copies its resident pages into it; kernels before 6.1 lack that and leave it to khugepaged).
-// Advice only: a kernel that refuses it keeps the small pages.
-void use_huge_pages(void* slab) noexcept;
-// Gives the pages of [p, p + bytes) inside a slab back to the OS (whole pages only) and returns
-// the slab to small pages, so that the part still in use stays resident alone.
-void release_slab_pages(void* slab, unsigned char* p, size_t bytes) noexcept;
 // Frees a block from allocate_block (bytes as given there). p may be null.
 void release_block(void* p, size_t bytes) noexcept;
 // Bytes a block of `bytes` really occupies (mapped blocks are whole pages).
 size_t block_footprint(size_t bytes);
-// `bytes` rounded up to whole pages.
-size_t whole_pages(size_t bytes);
 
 // The most memory this process could ever use: physical RAM, or the cgroup memory limit when
 // that is lower. Requests above it are refused up front (a request below it may still fail).
@@ -73,9 +53,6 @@ class Block {
   // A block about to be written whole (allocate_block's prefault).
   struct Prefault {};
   Block(size_t bytes, Prefault) : p_(allocate_block(bytes, true)), bytes_(bytes) {}
-  // A slab (allocate_slab), freed like any mapped block.
-  struct Slab {};
-  explicit Block(Slab) : p_(allocate_slab()), bytes_(kHugePageBytes) {}
   Block(Block&& o) noexcept : p_(o.p_), bytes_(o.bytes_) { o.p_ = nullptr; o.bytes_ = 0; }
   Block& operator=(Block&& o) noexcept {
     if (this != &o) {

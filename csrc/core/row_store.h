@@ -53,22 +53,7 @@ inline void set_change_gen_stepped(RowMeta& m, uint32_t gen) {
   m.unused = (gen & kChangeGenMask) | RowMeta::kSteppedBit;
 }
 
-// Where the chunks' memory comes from: slabs, blocks of one huge page (memory_block.h) holding
-// several whole chunks, filled in small pages and moved into one huge page once rows fill all
-// their chunks. A big table's rows then sit in huge pages, so a random row's access rarely misses
-// the TLB (find on a 16M-row dim-8 table 1.6x faster with the rows and the index in huge pages),
-// while a small table's shard still holds only the pages its chunks touched. A chunk larger than
-// half a huge page gets a block of its own. The chunk addressing (row >> shift) is the same
-// either way.
 class RowStore {
-  // A block holding chunks first_chunk, first_chunk + 1, ... (one chunk, or a slab's);
-  // `huge`: a slab moved into a huge page (rows fill all its chunks).
-  struct Owned {
-    Block block;
-    int64_t first_chunk;
-    bool huge;
-  };
-
  public:
   RowStore(int64_t width, size_t elem_size, int64_t chunk_shift)
       : width_(width),
@@ -83,23 +68,14 @@ class RowStore {
   RowStore(const RowStore& o)
       : width_(o.width_), shift_(o.shift_), mask_(o.mask_), stride_(o.stride_), size_(o.size_) {
     const int64_t used = (size_ + mask()) >> shift_;
-    Fresh fresh = allocate_chunks(used, /*prefault=*/true);
-    adopt(fresh);
-    promote_full_slabs(size_);  // before the copy: the rows go into the huge pages, not moved there
+    chunks_.reserve(static_cast<size_t>(used));
     for (int64_t c = 0; c < used; ++c) {
+      chunks_.emplace_back(chunk_bytes(), Block::Prefault{});
       const int64_t rows = std::min<int64_t>(size_ - (c << shift_), int64_t(1) << shift_);
-      std::memcpy(chunks_[static_cast<size_t>(c)], o.chunks_[static_cast<size_t>(c)],
-                  static_cast<size_t>(rows) * stride_);
+      std::memcpy(chunks_.back().data(), o.chunks_[c].data(), static_cast<size_t>(rows) * stride_);
     }
   }
   RowStore& operator=(const RowStore&) = delete;
-
-  // Chunks allocated but not yet part of the store (chunks_for, then adopt): the blocks that
-  // hold them and each chunk's start.
-  struct Fresh {
-    std::vector<Owned> blocks;
-    std::vector<unsigned char*> chunks;
-  };
 
   int64_t size() const { return size_; }
   int64_t capacity() const { return static_cast<int64_t>(chunks_.size()) << shift_; }
@@ -123,11 +99,7 @@ class RowStore {
 
   // Appends an uninitialised row and returns its index.
   int64_t push_back() {
-    if ((size_ >> shift_) >= static_cast<int64_t>(chunks_.size())) {
-      Fresh fresh = chunks_for(size_ + 1);
-      adopt(fresh);
-    }
-    if ((size_ & mask_) == mask_) promote_full_slabs(size_ + 1);  // a chunk's last row
+    if ((size_ >> shift_) >= static_cast<int64_t>(chunks_.size())) add_chunk();
     return size_++;
   }
   // Moves the last row into row i (i < size) and drops the last row.
@@ -136,57 +108,50 @@ class RowStore {
     if (i != last) std::memcpy(at(i), at(last), stride_);
     --size_;
     // Keep one spare chunk at most, so erase-heavy workloads give memory back.
-    drop_chunks_past(((size_ + mask()) >> shift_) + 1);
+    while (static_cast<int64_t>(chunks_.size()) > ((size_ + mask()) >> shift_) + 1)
+      chunks_.pop_back();
   }
   // Drops every row and frees every chunk.
   void clear() noexcept {
-    std::vector<unsigned char*>().swap(chunks_);
-    std::vector<Owned>().swap(owned_);
+    std::vector<Block>().swap(chunks_);
     size_ = 0;
   }
   // Drops every row, keeping the chunks that n rows need (freeing the others): a refill of up
   // to n rows writes into memory that is already resident instead of faulting in fresh pages.
   void clear_keeping(int64_t n) noexcept {
-    drop_chunks_past((n + mask()) >> shift_);
+    const int64_t keep = (n + mask()) >> shift_;
+    while (static_cast<int64_t>(chunks_.size()) > keep) chunks_.pop_back();
     size_ = 0;
   }
-  // Frees the chunk tables' spare capacity (as an emptied table's would be): optional, a
-  // failed reallocation keeps the larger tables.
-  void shrink_chunk_table() noexcept {
-    chunks_.shrink_to_fit();
-    owned_.shrink_to_fit();
-  }
+  // Frees the chunk table's spare capacity (as an emptied table's would be): optional, a
+  // failed reallocation keeps the larger table.
+  void shrink_chunk_table() noexcept { chunks_.shrink_to_fit(); }
   // Makes room for n rows: all missing chunks are allocated first, then adopted, so a failure
   // changes nothing.
   void reserve(int64_t n) {
-    Fresh fresh = chunks_for(n);
+    std::vector<Block> fresh = chunks_for(n);
     adopt(fresh);
   }
   // The chunks missing for n rows, allocated but not yet adopted (also makes room for them in
-  // the chunk tables, so adopt cannot fail). Throws std::bad_alloc with the store unchanged.
-  Fresh chunks_for(int64_t n) { return allocate_chunks((n + mask()) >> shift_, false); }
-  void adopt(Fresh& fresh) noexcept {
-    // capacity reserved by allocate_chunks: no throw
-    for (Owned& b : fresh.blocks) owned_.push_back(std::move(b));
-    for (unsigned char* c : fresh.chunks) chunks_.push_back(c);
-    fresh.blocks.clear();
-    fresh.chunks.clear();
+  // the chunk table, so adopt cannot fail). Throws std::bad_alloc with the store unchanged.
+  std::vector<Block> chunks_for(int64_t n) {
+    const int64_t have = static_cast<int64_t>(chunks_.size());
+    const int64_t need = (n + mask()) >> shift_;
+    std::vector<Block> fresh;
+    if (need <= have) return fresh;
+    fresh.reserve(need - have);
+    for (int64_t c = have; c < need; ++c) fresh.emplace_back(chunk_bytes());
+    chunks_.reserve(need);
+    return fresh;
   }
-  // Bytes of memory held: whole slabs once in huge pages, else the pages of the chunks in use
-  // (a slab's other pages are not touched), and the chunk tables.
+  void adopt(std::vector<Block>& fresh) noexcept {
+    for (Block& b : fresh) chunks_.push_back(std::move(b));  // capacity reserved: no throw
+    fresh.clear();
+  }
+  // Bytes of memory held (chunks, whole pages, and the chunk table).
   size_t bytes() const {
-    size_t b = chunks_.capacity() * sizeof(unsigned char*) + owned_.capacity() * sizeof(Owned);
-    const int64_t per_slab = chunks_per_slab(), have = static_cast<int64_t>(chunks_.size());
-    for (const Owned& o : owned_) {
-      if (per_slab == 0) {
-        b += o.block.footprint();
-      } else if (o.huge) {
-        b += kHugePageBytes;
-      } else {
-        const int64_t in_use = std::min(per_slab, have - o.first_chunk);
-        b += whole_pages(static_cast<size_t>(in_use) * chunk_bytes());
-      }
-    }
+    size_t b = chunks_.capacity() * sizeof(Block);
+    if (!chunks_.empty()) b += chunks_.size() * chunks_[0].footprint();
     return b;
   }
   size_t stride() const { return stride_; }
@@ -208,73 +173,15 @@ class RowStore {
  private:
   int64_t mask() const { return mask_; }
   unsigned char* at(int64_t i) const {
-    return chunks_[static_cast<size_t>(i >> shift_)] + static_cast<size_t>(i & mask()) * stride_;
+    return chunks_[i >> shift_].data() + static_cast<size_t>(i & mask()) * stride_;
   }
   size_t chunk_bytes() const { return (size_t(1) << shift_) * stride_; }
-  // Chunks per slab; 0 where a chunk is larger than half a huge page (no slabs then).
-  int64_t chunks_per_slab() const {
-    const size_t per = kHugePageBytes / chunk_bytes();
-    return per >= 2 ? static_cast<int64_t>(per) : 0;
-  }
-  // Allocates what chunks [chunks_.size(), need) lack: those inside the last slab need no memory
-  // (a slab outlives its dropped chunks until all of them are gone), the others a new slab (or a
-  // block of their own). Reserves room in both tables. Throws std::bad_alloc, unchanged.
-  Fresh allocate_chunks(int64_t need, bool prefault) {
-    Fresh fresh;
-    const int64_t have = static_cast<int64_t>(chunks_.size());
-    if (need <= have) return fresh;
-    const int64_t per_slab = chunks_per_slab();
-    fresh.chunks.reserve(static_cast<size_t>(need - have));
-    for (int64_t c = have; c < need; ++c) {
-      const Owned* in = !fresh.blocks.empty() ? &fresh.blocks.back()
-                                              : owned_.empty() ? nullptr : &owned_.back();
-      if (in && per_slab > 0 && c < in->first_chunk + per_slab) {
-        fresh.chunks.push_back(in->block.data() +
-                               static_cast<size_t>(c - in->first_chunk) * chunk_bytes());
-        continue;
-      }
-      if (per_slab > 0) {
-        fresh.blocks.push_back(Owned{Block(Block::Slab{}), c, false});
-      } else if (prefault) {
-        fresh.blocks.push_back(Owned{Block(chunk_bytes(), Block::Prefault{}), c, false});
-      } else {
-        fresh.blocks.push_back(Owned{Block(chunk_bytes()), c, false});
-      }
-      fresh.chunks.push_back(fresh.blocks.back().block.data());
-    }
-    chunks_.reserve(static_cast<size_t>(need));
-    owned_.reserve(owned_.size() + fresh.blocks.size());
-    return fresh;
-  }
-  // Moves the slabs that `rows` rows fill into huge pages (only the last ones can be new: a slab
-  // leaves huge pages only when drop_chunks_past frees part of it, and then it is the last).
-  // Not earlier: reserve() allocates chunks for rows that may never come.
-  void promote_full_slabs(int64_t rows) noexcept {
-    const int64_t per_slab = chunks_per_slab();
-    const int64_t full_chunks = rows >> shift_;
-    for (size_t k = owned_.size(); per_slab > 0 && k-- > 0;) {
-      Owned& o = owned_[k];
-      if (o.first_chunk + per_slab > full_chunks) continue;  // not full yet
-      if (o.huge) break;
-      use_huge_pages(o.block.data());
-      o.huge = true;
-    }
-  }
-  // Keeps chunks [0, keep), freeing every block none of them lies in, and the pages of the
-  // dropped chunks in the last slab kept.
-  void drop_chunks_past(int64_t keep) noexcept {
-    if (static_cast<int64_t>(chunks_.size()) <= keep) return;
-    chunks_.resize(static_cast<size_t>(keep));
-    while (!owned_.empty() && owned_.back().first_chunk >= keep) owned_.pop_back();
-    const int64_t per_slab = chunks_per_slab();
-    if (per_slab > 0 && !owned_.empty() && owned_.back().first_chunk + per_slab > keep) {
-      Owned& last = owned_.back();
-      unsigned char* from = last.block.data() +
-                            static_cast<size_t>(keep - last.first_chunk) * chunk_bytes();
-      release_slab_pages(last.block.data(), from,
-                         static_cast<size_t>(last.block.data() + kHugePageBytes - from));
-      last.huge = false;
-    }
+  void add_chunk() {
+    // Blocks are aligned to at least 16 bytes and the stride is a multiple of 8, so every
+    // RowMeta and element (at most 8 bytes) in a chunk is properly aligned. The block is owned before the chunk
+    // table may grow, so a failure there frees it.
+    Block b(chunk_bytes());
+    chunks_.push_back(std::move(b));
   }
 
   int64_t width_;
@@ -282,8 +189,7 @@ class RowStore {
   int64_t mask_;   // rows per chunk - 1, kept: every row access needs it
   size_t stride_;  // bytes per row (stride_for)
   int64_t size_ = 0;
-  std::vector<unsigned char*> chunks_;  // chunk c's first row
-  std::vector<Owned> owned_;            // the blocks behind chunks_, in chunk order
+  std::vector<Block> chunks_;
 };
 
 }  // namespace dualemb

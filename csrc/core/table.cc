@@ -232,7 +232,7 @@ void Table::grow_shards(const int64_t* rows_after) {
   // and leaves every shard as it was.
   struct Growth {
     std::unique_ptr<KeyIndex> index;
-    RowStore::Fresh chunks;
+    std::vector<Block> chunks;
   };
   bool any = false;
   for (int si = 0; si < kNumShards && !any; ++si) {
@@ -718,7 +718,7 @@ int64_t Table::replace_rows(const int64_t* keys, int64_t n, const void* values_i
   // Everything that may fail is allocated before a shard changes: a fresh index where the
   // kept array has the wrong size, and the chunks a shard lacks.
   std::vector<KeyIndex> fresh(shards_.size());
-  std::vector<RowStore::Fresh> chunks(shards_.size());
+  std::vector<std::vector<Block>> chunks(shards_.size());
   for (size_t si = 0; si < shards_.size(); ++si) {
     const int64_t share = g.start[si + 1] - g.start[si];
     if (share >= static_cast<int64_t>(KeyIndex::kEmpty))

@@ -409,7 +409,6 @@ int run_string_key_tests();  // string_keys_tests.cc
 int run_string_value_tests();  // string_values_tests.cc
 int run_semantics_tests();     // semantics_tests.cc
 int run_clone_tests();         // clone_tests.cc
-int run_row_store_tests();     // row_store_tests.cc
 
 int main() {
   test_json_specs_round_trip();
@@ -425,7 +424,6 @@ int main() {
   g_failures += run_string_value_tests();
   g_failures += run_semantics_tests();
   g_failures += run_clone_tests();
-  g_failures += run_row_store_tests();
   if (g_failures) {
     std::fprintf(stderr, "%d check(s) failed\n", g_failures);
     return 1;
