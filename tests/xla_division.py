@@ -55,8 +55,8 @@ def optax_rounds_as_the_core(monkeypatch) -> bool:
     divide its moments by their bias correction as a multiplication by the reciprocal, as the
     core's kernels and older XLA do, so that the parity tests still compare bit for bit, and
     returns True; elsewhere changes nothing and returns False. What it changes is the rounding of
-    that one operation: test_xla_division_is_the_only_difference shows Optax unpatched within
-    float32 tolerance of the patched one."""
+    that one operation; the callers also check the core against the unchanged Optax, within
+    float32 tolerance."""
     if not xla_divides_by_scalar():
         return False
     import optax
