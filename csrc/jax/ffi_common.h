@@ -294,6 +294,25 @@ inline ffi::Error CheckPerKey(size_t count, const TableCall& c, const char* mess
   return ffi::Error::InvalidArgument(message);
 }
 
+// The optional last result of find / find_or_insert: `exists` [n] (bool), or nothing, or an
+// empty buffer (both: the caller does not want it). Leaving the result out is what the Python
+// side does on the CPU: XLA gives results nobody reads one shared buffer, and the calls writing
+// it are then run one after another although they are independent (26 lookups of 26 tables in a
+// chain). *out is null where exists is not wanted.
+inline ffi::Error OptionalExists(const ffi::RemainingRets& rets, const TableCall& c,
+                                 const char* message, uint8_t** out) {
+  *out = nullptr;
+  if (rets.size() == 0) return ffi::Error::Success();
+  if (rets.size() > 1) return ffi::Error::InvalidArgument(message);
+  auto exists = rets.get<ffi::Buffer<ffi::PRED>>(0);
+  if (exists.has_error()) return exists.error();
+  const size_t count = (*exists)->element_count();
+  if (count == 0) return ffi::Error::Success();
+  if (auto e = CheckPerKey(count, c, message); e.failure()) return e;
+  *out = reinterpret_cast<uint8_t*>((*exists)->typed_data());
+  return ffi::Error::Success();
+}
+
 // The end of a write: the core's error if its return code `rc` says it failed (the table is
 // unchanged), else the next version token after `version`.
 inline ffi::Error Written(int rc, const char* op, NextVersion next, float version) {

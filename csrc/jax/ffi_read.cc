@@ -11,23 +11,20 @@
 namespace dualemb_jax {
 namespace {
 
-// find: rows of `keys` and whether each exists (unless `exists` is empty); missing keys read as
-// their initializer row and are not inserted (TFRA's find).
+// find: rows of `keys` and, if asked for (OptionalExists), whether each exists; missing keys read
+// as their initializer row and are not inserted (TFRA's find).
 ffi::Error FindImpl(Handle handle, Version version, ffi::AnyBuffer keys,
-                    ffi::Result<ffi::AnyBuffer> values, ffi::ResultBuffer<ffi::PRED> exists) {
+                    ffi::Result<ffi::AnyBuffer> values, ffi::RemainingRets rest) {
   (void)ReadVersion(version);
   TableCall c;
   if (auto e = PrepareRows(handle, keys, *values, "rows", &c); e.failure()) return e;
-  // An empty `exists` result means the caller does not want it (lookup).
-  const bool want_exists = exists->element_count() != 0;
-  if (want_exists) {
-    if (auto e = CheckPerKey(exists->element_count(), c,
-                             "dualemb find: exists must have one entry per key");
-        e.failure())
-      return e;
-  }
-  if (de_find(c.table_id, c.dims.key_dtype, c.k.data, c.k.n, values->untyped_data(),
-              want_exists ? reinterpret_cast<uint8_t*>(exists->typed_data()) : nullptr) != 0)
+  uint8_t* exists = nullptr;
+  if (auto e = OptionalExists(rest, c, "dualemb find: exists must have one entry per key",
+                              &exists);
+      e.failure())
+    return e;
+  if (de_find(c.table_id, c.dims.key_dtype, c.k.data, c.k.n, values->untyped_data(), exists) !=
+      0)
     return CoreError("find");
   return ffi::Error::Success();
 }
@@ -127,7 +124,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find, FindImpl,
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::PRED>>());
+                                  .RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_size, SizeImpl,
                               ffi::Ffi::Bind()

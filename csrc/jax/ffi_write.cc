@@ -9,19 +9,20 @@
 namespace dualemb_jax {
 namespace {
 
-// find_or_insert: like find, but missing keys are inserted with their initializer row.
+// find_or_insert: like find (exists optional the same way), but missing keys are inserted with
+// their initializer row.
 ffi::Error FindOrInsertImpl(Handle handle, Version version, ffi::AnyBuffer keys,
                             NextVersion next, ffi::Result<ffi::AnyBuffer> values,
-                            ffi::ResultBuffer<ffi::PRED> exists) {
+                            ffi::RemainingRets rest) {
   TableCall c;
   if (auto e = PrepareRows(handle, keys, *values, "rows", &c); e.failure()) return e;
-  if (auto e = CheckPerKey(exists->element_count(), c,
-                           "dualemb find_or_insert: exists needs one entry per key");
+  uint8_t* exists = nullptr;
+  if (auto e = OptionalExists(rest, c, "dualemb find_or_insert: exists needs one entry per key",
+                              &exists);
       e.failure())
     return e;
   return Written(de_find_or_insert(c.table_id, c.dims.key_dtype, c.k.data, c.k.n,
-                                   values->untyped_data(),
-                                   reinterpret_cast<uint8_t*>(exists->typed_data()), nullptr),
+                                   values->untyped_data(), exists, nullptr),
                  "find_or_insert", next, ReadVersion(version));
 }
 
@@ -101,7 +102,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find_or_insert, FindOrInsertImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::AnyBuffer>()
-                                  .Ret<ffi::Buffer<ffi::PRED>>());
+                                  .RemainingRets());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_insert_or_assign, InsertImpl,
                               ffi::Ffi::Bind()

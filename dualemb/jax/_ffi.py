@@ -155,22 +155,34 @@ def _next(version):
     return _sds(jnp.shape(version), _f32)
 
 
+def _exists_results(shape, with_exists, gpu):
+    """The optional ``exists`` result of find / find_or_insert. Left out where it is not wanted:
+    XLA gives results nobody reads one shared buffer, and then runs the calls writing it one
+    after another although they are independent (every per-table lookup of a step in one chain
+    on the CPU). The CUDA handlers take an empty one instead."""
+    if with_exists:
+        return (_sds(shape, jnp.bool_),)
+    return (_sds((0,), jnp.bool_),) if gpu else ()
+
+
 def find(handle, dim, version, keys, shape, with_exists=True, dtype=_f32, gpu=False):
     """(rows [shape + (dim,)] of ``dtype`` (the table's value dtype), exists [shape]) — reads
-    only. Without ``with_exists`` the second result is empty (one output fewer to fill)."""
-    return _call(
-        "dualemb_find",
-        (_sds(shape + (dim,), dtype), _sds(shape if with_exists else (0,), jnp.bool_)),
-        *_table(handle, version), keys, gpu=gpu)
+    only. Without ``with_exists``, exists is None (the call does not compute it)."""
+    outs = _call("dualemb_find",
+                 (_sds(shape + (dim,), dtype), *_exists_results(shape, with_exists, gpu)),
+                 *_table(handle, version), keys, gpu=gpu)
+    return outs[0], (outs[1] if with_exists else None)
 
 
-def find_or_insert(handle, dim, version, keys, shape, dtype=_f32, gpu=False):
-    """(next version, rows of ``dtype``, exists); missing keys are inserted with their
-    initializer row."""
-    return _call(
+def find_or_insert(handle, dim, version, keys, shape, dtype=_f32, gpu=False, with_exists=True):
+    """(next version, rows of ``dtype``, exists, or None without ``with_exists``); missing keys
+    are inserted with their initializer row."""
+    outs = _call(
         "dualemb_find_or_insert",
-        (_next(version), _sds(shape + (dim,), dtype), _sds(shape, jnp.bool_)),
+        (_next(version), _sds(shape + (dim,), dtype),
+         *_exists_results(shape, with_exists, gpu)),
         *_table(handle, version), keys, has_side_effect=True, gpu=gpu)
+    return outs[0], outs[1], (outs[2] if with_exists else None)
 
 
 def insert_or_assign(handle, version, keys, values, mask=None):

@@ -183,17 +183,32 @@ def _check_rows(rows: np.ndarray, n: int, dim: int, name: str = "rows"):
                                 f"x dim ({dim})")
 
 
+def _optional_exists(outs, n: int, op: str):
+    """The uint8 buffer for find's / find_or_insert's optional exists result (``outs``: its spec,
+    or none), or None where it is not wanted (no result, or an empty one), as the handlers do."""
+    if len(outs) > 1:
+        raise HostCallbackError(f"dualemb {op}: one exists result at most")
+    if not outs or _empty(outs[0]).size == 0:
+        return None
+    exists = _empty(outs[0]).astype(np.uint8)
+    if exists.size != n:
+        raise HostCallbackError(f"dualemb {op}: exists must have one entry per key")
+    return exists
+
+
+def _exists_out(exists, spec):
+    return _empty(spec) if exists is None else exists.view(bool)
+
+
 @twin
 def find(handle, version, keys, *, outs):
     tid, dim, _, k = _prepare(handle, keys)
-    rows, exists = _empty(outs[0], 0), _empty(outs[1]).astype(np.uint8)
+    rows = _empty(outs[0], 0)
+    exists = _optional_exists(outs[1:], k.size, "find")
     _check_values(tid, rows.dtype, "rows")
     _check_rows(rows, k.size, dim)
-    want_exists = exists.size != 0  # an empty result: the caller does not want it (lookup)
-    if want_exists and exists.size != k.size:
-        raise HostCallbackError("dualemb find: exists must have one entry per key")
-    _core_call("find", _core.find, tid, k, rows, exists if want_exists else None)
-    return rows, exists.view(bool)
+    _core_call("find", _core.find, tid, k, rows, exists)
+    return (rows,) if len(outs) == 1 else (rows, _exists_out(exists, outs[1]))
 
 
 @twin
@@ -295,13 +310,13 @@ def exchange_check(needed, capacity, payload, *, outs):
 @twin
 def find_or_insert(handle, version, keys, *, outs):
     tid, dim, _, k = _prepare(handle, keys)
-    rows, exists = _empty(outs[1]), _empty(outs[2]).astype(np.uint8)
+    rows = _empty(outs[1])
+    exists = _optional_exists(outs[2:], k.size, "find_or_insert")
     _check_values(tid, rows.dtype, "rows")
     _check_rows(rows, k.size, dim)
-    if exists.size != k.size:
-        raise HostCallbackError("dualemb find_or_insert: exists must have one entry per key")
     _core_call("find_or_insert", _core.find_or_insert, tid, k, rows, exists)
-    return _next_version(version, outs[0][0]), rows, exists.view(bool)
+    head = (_next_version(version, outs[0][0]), rows)
+    return head if len(outs) == 2 else head + (_exists_out(exists, outs[2]),)
 
 
 @twin

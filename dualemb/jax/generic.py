@@ -164,11 +164,13 @@ def apply(table, keys, shape, grads):
     v = table.version
     # A float16/bfloat16 table's rows are widened to float32 for the transformation and rounded
     # back on the write (as the fused path does in the core); state rows are float32 tables.
-    v, rows, _ = _ffi.find_or_insert(table.handle, dim, v, uniq, (n,), dtype=table.dtype)
+    v, rows, _ = _ffi.find_or_insert(table.handle, dim, v, uniq, (n,), dtype=table.dtype,
+                                     with_exists=False)
     rows = rows.astype(jnp.float32)
     state_rows = []
     for tid, init in zip(table.slot_tables, lay.row_init):
-        v, srows, _ = _ffi.find_or_insert(tid, dim, v, uniq, (n,), dtype=jnp.dtype(init.dtype))
+        v, srows, _ = _ffi.find_or_insert(tid, dim, v, uniq, (n,), dtype=jnp.dtype(init.dtype),
+                                          with_exists=False)
         state_rows.append(srows)
     # The deduplicated batch is padded to n rows (uniq repeats the first key there). Padding
     # rows become neutral rows: zero params, zero gradient, initial state. A transformation that
