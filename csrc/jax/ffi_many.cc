@@ -123,18 +123,23 @@ ffi::Error CheckNext(NextVersion next, const ManyTables& m) {
 }
 
 // find_many: per table, rows (and exists, unless its result is empty) of its keys; reads only.
-// Remaining results: T rows, then T exists.
+// Remaining results: T rows, then T exists, or T rows alone (exists not wanted: results nobody
+// reads would order this call after other calls with such results, ffi_common.h
+// OptionalExists).
 ffi::Error FindManyImpl(Handle handles, Version versions, ffi::RemainingArgs keys,
                         ffi::RemainingRets rets) {
   const int64_t count = static_cast<int64_t>(keys.size());
-  if (static_cast<int64_t>(rets.size()) != 2 * count)
-    return ffi::Error::InvalidArgument("dualemb find_many: expected rows and exists per table");
+  const int64_t results = static_cast<int64_t>(rets.size());
+  if (results != 2 * count && results != count)
+    return ffi::Error::InvalidArgument("dualemb find_many: expected rows (and exists) per table");
   ManyTables m;
   if (auto e = PrepareMany(handles, versions, keys, count, false, "find_many", &m); e.failure())
     return e;
   for (int64_t t = 0; t < count; ++t) {
     if (auto e = RowsOut(rets, t, t, &m); e.failure()) return e;
-    if (auto e = ExistsOut(rets, count + t, t, true, &m); e.failure()) return e;
+    if (results == 2 * count) {
+      if (auto e = ExistsOut(rets, count + t, t, true, &m); e.failure()) return e;
+    }
   }
   if (de_find_many(m.batches.data(), count) != 0) return CoreError("find_many");
   return ffi::Error::Success();

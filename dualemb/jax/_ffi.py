@@ -281,11 +281,12 @@ def _tables(handles, versions):
 
 
 def find_many(handles, versions, keys, shapes, dims, dtypes, with_exists=True):
-    """([rows [shape + (dim,)] per table], [exists [shape] per table, or empty]) — reads only."""
+    """([rows [shape + (dim,)] per table], [exists [shape] per table], or None without
+    ``with_exists``: then the call has no exists results, see _exists_results) — reads only."""
     rows = [_sds(s + (d,), dt) for s, d, dt in zip(shapes, dims, dtypes)]
-    exists = [_sds(s if with_exists else (0,), jnp.bool_) for s in shapes]
+    exists = [_sds(s, jnp.bool_) for s in shapes] if with_exists else []
     outs = _call("dualemb_find_many", tuple(rows + exists), *_tables(handles, versions), *keys)
-    return list(outs[:len(keys)]), list(outs[len(keys):])
+    return list(outs[:len(keys)]), (list(outs[len(keys):]) if with_exists else None)
 
 
 def find_or_insert_many(handles, versions, keys, shapes, dims, dtypes):

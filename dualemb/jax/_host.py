@@ -446,6 +446,8 @@ def _many_versions(versions, out) -> np.ndarray:
 def find_many(handles, versions, *keys, outs):
     count = len(keys)
     tids, dims, ks = _many(handles, versions, keys, False, "find_many")
+    if len(outs) not in (count, 2 * count):
+        raise HostCallbackError("dualemb find_many: expected rows (and exists) per table")
     rows = _many_rows(tids, dims, ks, outs[:count])
     want_exists = any(int(np.prod(o[0], dtype=np.int64)) for o in outs[count:])
     exists = [np.zeros(k.size if want_exists else 0, np.uint8) for k in ks]

@@ -111,6 +111,25 @@ def test_a_training_steps_table_calls_have_no_unread_results(optimizer, update_t
         dej.destroy(t)
 
 
+def test_a_multi_table_steps_calls_have_no_unread_results():
+    # lookup_many asks find_many for rows only; its exists results would be unread.
+    tables = _tables(dej.optimizers.adam(0.05))
+    ids = dej.ids(_ids())
+    w = jnp.ones((FEATURES * DIM, 1), jnp.float32) * 0.1
+
+    def step(tables, ids, w):
+        cols = [ids[:, f] for f in range(FEATURES)]
+        loss, grads = jax.value_and_grad(_loss)(dej.lookup_many(tables, cols), w)
+        return dej.apply_gradients_many(tables, cols, grads), loss
+
+    hlo = jax.jit(step).lower(tables, ids, w).compile().as_text()
+    for target in ("dualemb_find_many", "dualemb_apply_gradients_many"):
+        assert f'custom_call_target="{target}"' in hlo
+    assert unread_results(hlo) == []
+    for t in tables:
+        dej.destroy(t)
+
+
 def test_the_checker_finds_an_unread_result():
     # find's exists, asked for and then dropped, is such a result: the check above can fail.
     tables = _tables(None)
