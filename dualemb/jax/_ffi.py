@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax.experimental import io_callback
 
 from dualemb._native import load_extension
-from dualemb.jax import _host
+from dualemb.jax import _host, _write_primitive
 from dualemb.jax._jaxlib_check import check_module
 
 _ext = load_extension("_jax_ffi")
@@ -107,6 +107,13 @@ def _call(target, results, *operands, has_side_effect=False, vmap_method=_VMAP, 
         return jax.ffi.ffi_call(target, results, has_side_effect=has_side_effect,
                                 vmap_method=vmap_method)(*operands)
     if not uses_host_callback():
+        if has_side_effect and vmap_method == _VMAP:
+            # A write: kept and run once without a JAX effect, so that jit keeps its fast
+            # dispatch path (dualemb/jax/_write_primitive.py says why and how).
+            single = not isinstance(results, (tuple, list))
+            outs = _write_primitive.write(target, (results,) if single else tuple(results),
+                                          *operands)
+            return outs[0] if single else tuple(outs)
         return jax.ffi.ffi_call(target, results, has_side_effect=has_side_effect,
                                 vmap_method=vmap_method)(*operands)
     single = not isinstance(results, (tuple, list))
