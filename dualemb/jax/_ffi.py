@@ -5,7 +5,8 @@ registers the CUDA handlers (``dualemb._jax_ffi_cuda``) under the same names whe
 table is made. Wrappers only shape arguments: validation happens one level up
 (``dualemb.jax.ops``) so that bad input raises at trace time. Every table call takes the
 table's ``handle`` and ``version`` token first (both through ``stop_gradient``); mutating calls
-(``has_side_effect=True``) return the next version, which is what orders them. The operand
+(``has_side_effect=True``) return the next version, which is what orders them; on the
+CPU they are bound as dualemb's own effect-free primitive (``_write_primitive``). The operand
 conventions: ``csrc/jax/ffi_common.h``. Each call lowers either to the native handler (CPU) or
 to its host-callback twin in ``dualemb.jax._host`` (other platforms, or
 ``DUALEMB_JAX_HOST_CALLBACK=1``), chosen when it is traced (:func:`_call`; docs/jax.md,
