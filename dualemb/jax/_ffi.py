@@ -107,19 +107,17 @@ def _call(target, results, *operands, has_side_effect=False, vmap_method=_VMAP, 
             raise NotImplementedError(f"{target} has no CUDA handler (a GPU table)")
         return jax.ffi.ffi_call(target, results, has_side_effect=has_side_effect,
                                 vmap_method=vmap_method)(*operands)
-    if not uses_host_callback():
-        if has_side_effect and vmap_method == _VMAP:
-            # A write: kept and run once without a JAX effect, so that jit keeps its fast
-            # dispatch path (dualemb/jax/_write_primitive.py says why and how).
-            single = not isinstance(results, (tuple, list))
-            outs = _write_primitive.write(target, (results,) if single else tuple(results),
-                                          *operands)
-            return outs[0] if single else tuple(outs)
+    if not uses_host_callback() and not (has_side_effect and vmap_method == _VMAP):
         return jax.ffi.ffi_call(target, results, has_side_effect=has_side_effect,
                                 vmap_method=vmap_method)(*operands)
     single = not isinstance(results, (tuple, list))
-    outs = _host_call(_HOST_FNS[target], (results,) if single else tuple(results),
-                      has_side_effect, vmap_method, *operands)
+    results = (results,) if single else tuple(results)
+    if not uses_host_callback():
+        # A write: kept and run once without a JAX effect, so that jit keeps its fast dispatch
+        # path (dualemb/jax/_write_primitive.py says why and how).
+        outs = tuple(_write_primitive.write(target, results, *operands))
+    else:
+        outs = _host_call(_HOST_FNS[target], results, has_side_effect, vmap_method, *operands)
     return outs[0] if single else outs
 
 
