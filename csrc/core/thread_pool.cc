@@ -13,6 +13,9 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <xmmintrin.h>
 #endif
+#if defined(__linux__)
+#include <pthread.h>
+#endif
 
 namespace dualemb {
 namespace {
@@ -73,7 +76,14 @@ class Pool {
  public:
   Pool() {
     int n = std::max(1, hardware_threads() - 1);
-    for (int i = 0; i < n; ++i) workers_.emplace_back([this] { loop(); });
+    for (int i = 0; i < n; ++i)
+      workers_.emplace_back([this] {
+#if defined(__linux__)
+        // Named so that a profile (or a test) tells the core's workers from the framework's.
+        pthread_setname_np(pthread_self(), "dualemb-worker");
+#endif
+        loop();
+      });
   }
   ~Pool() {
     {

@@ -71,8 +71,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_exchange_check, ExchangeCheckImpl,
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::AnyBuffer>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_apply_gradients_first, ApplyFirstImpl,
-                              ffi::Ffi::Bind()
+XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_apply_gradients_first, OnXlaPool<ApplyFirstImpl>::Call,
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()

@@ -210,20 +210,26 @@ ffi::Error ApplyGradientsManyImpl(Handle handles, Version versions, ffi::Buffer<
 
 using namespace dualemb_jax;  // NOLINT
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    dualemb_find_many, FindManyImpl,
-    ffi::Ffi::Bind().Arg<Handle>().Arg<Version>().RemainingArgs().RemainingRets());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find_or_insert_many, FindOrInsertManyImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find_many, OnXlaPool<FindManyImpl>::Call,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<Handle>()
+                                  .Arg<Version>()
+                                  .RemainingArgs()
+                                  .RemainingRets());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find_or_insert_many, OnXlaPool<FindOrInsertManyImpl>::Call,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .RemainingArgs()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .RemainingRets());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_apply_gradients_many, ApplyGradientsManyImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_apply_gradients_many, OnXlaPool<ApplyGradientsManyImpl>::Call,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::Buffer<ffi::F32>>()

@@ -118,8 +118,8 @@ ffi::Error AfterImpl(Version version, ffi::RemainingArgs, NextVersion out) {
 
 using namespace dualemb_jax;  // NOLINT
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find, FindImpl,
-                              ffi::Ffi::Bind()
+XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find, OnXlaPool<FindImpl>::Call,
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
@@ -132,8 +132,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_size, SizeImpl,
                                   .Arg<Version>()
                                   .Ret<ffi::AnyBuffer>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_export, ExportImpl,
-                              ffi::Ffi::Bind()
+XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_export, OnXlaPool<ExportImpl>::Call,
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::Buffer<ffi::S32>>()

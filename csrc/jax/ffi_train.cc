@@ -68,8 +68,9 @@ ffi::Error UniqueImpl(ffi::AnyBuffer keys, ffi::Result<ffi::AnyBuffer> uniq,
 
 using namespace dualemb_jax;  // NOLINT
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_apply_gradients, ApplyGradientsImpl,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_apply_gradients, OnXlaPool<ApplyGradientsImpl>::Call,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()

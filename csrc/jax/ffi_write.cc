@@ -95,8 +95,8 @@ ffi::Error EraseImpl(Handle handle, Version version, ffi::AnyBuffer keys, NextVe
 
 using namespace dualemb_jax;  // NOLINT
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find_or_insert, FindOrInsertImpl,
-                              ffi::Ffi::Bind()
+XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find_or_insert, OnXlaPool<FindOrInsertImpl>::Call,
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
@@ -104,25 +104,16 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_find_or_insert, FindOrInsertImpl,
                                   .Ret<ffi::AnyBuffer>()
                                   .RemainingRets());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_insert_or_assign, InsertImpl,
-                              ffi::Ffi::Bind()
+XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_insert_or_assign, OnXlaPool<InsertImpl>::Call,
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_insert_masked, InsertMaskedImpl,
-                              ffi::Ffi::Bind()
-                                  .Arg<Handle>()
-                                  .Arg<Version>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::AnyBuffer>()
-                                  .Arg<ffi::Buffer<ffi::PRED>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_accum, AccumImpl,
-                              ffi::Ffi::Bind()
+XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_insert_masked, OnXlaPool<InsertMaskedImpl>::Call,
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
@@ -130,8 +121,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_accum, AccumImpl,
                                   .Arg<ffi::Buffer<ffi::PRED>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_erase, EraseImpl,
-                              ffi::Ffi::Bind()
+XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_accum, OnXlaPool<AccumImpl>::Call,
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
+                                  .Arg<Handle>()
+                                  .Arg<Version>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::PRED>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(dualemb_erase, OnXlaPool<EraseImpl>::Call,
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
                                   .Arg<Handle>()
                                   .Arg<Version>()
                                   .Arg<ffi::AnyBuffer>()
