@@ -21,7 +21,11 @@ For each, in one process, rounds interleaved so that load drifts hit both alike:
   and one optimizer op per table (``per_table``) against one ``de.embedding_lookup_many`` and
   one multi-table optimizer op for all (``multi_table``);
 * ``tf_fit``: ``model.fit`` of the model with one ``de.keras.layers.Embedding`` per feature
-  (lookups one op per layer in both), the optimizer's step per table or in one op.
+  (lookups one op per layer in both), the optimizer's step per table or in one op;
+* ``jax_dense`` / ``tf_dense`` (not run unless named in ``--legs``): each framework's floor,
+  the same step without tables: the MLP and its Adam on one fixed [batch, features x dim] input
+  in place of the looked-up rows (same concatenation with the dense features, same loss). The
+  ratio of the two floors is the part of a JAX/TF ratio that the frameworks' dense code makes.
 
 Reported per row: examples/s (median and best round), process CPU ms per step (all threads),
 and ``speedup`` = multi-table examples/s over per-table (median rounds). Run on an idle machine::
@@ -53,6 +57,7 @@ MODELS = {"demo": dict(features=8, dim=16, batch=2048),
           "criteo_dim64": dict(features=26, dim=64, batch=4096),
           "criteo_batch64k": dict(features=26, dim=16, batch=65536)}
 LEGS = ("jax", "core", "tf_loop", "tf_fit")
+DENSE_LEGS = ("jax_dense", "tf_dense")  # floors, run only when named
 HIDDEN = (64, 32)
 NUM_DENSE = 4
 LR = 3e-3
@@ -149,6 +154,34 @@ def _bench_jax(m, batches, steps, rounds):
     return out
 
 
+def _bench_jax_dense(m, batches, steps, rounds):
+    """The JAX step's floor: the MLP on a fixed rows input, no tables (``jax_dense``)."""
+    features, dim, batch = m["features"], m["dim"], m["batch"]
+    tx = interop.keras_adam(LR)
+
+    def step(params, opt_state, rows, dense, labels):
+        loss, gp = jax.value_and_grad(_loss)(params, [rows], dense, labels)
+        updates, opt_state = tx.update(gp, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    step = jax.jit(step, donate_argnums=(0, 1))
+    rows = jnp.asarray(np.random.default_rng(1).standard_normal((batch, features * dim)),
+                       jnp.float32)
+    params = _mlp_params(features, dim, jax.random.PRNGKey(0))
+    state = {"dense": [params, tx.init(params)]}
+    ops = [(jnp.asarray(d), jnp.asarray(y)) for _, d, y in batches]
+
+    def run(name, n, offset):
+        p, o = state[name]
+        for k in range(n):
+            p, o, loss = step(p, o, rows, *ops[(offset + k) % len(ops)])
+        jax.block_until_ready(loss)
+        state[name] = [p, o]
+
+    run("dense", 2, 0)  # compile
+    return _rounds(run, ["dense"], steps, rounds, batch)
+
+
 def _bench_core(m, batches, steps, rounds):
     features, dim, batch = m["features"], m["dim"], m["batch"]
     spec = core_opts.make("adam", beta_1=0.9, beta_2=0.999, epsilon=1e-7)
@@ -198,8 +231,9 @@ def _rounds(run, names, steps, rounds, batch):
                "examples_per_s_best": round(batch * steps / min(wall[n])),
                "cpu_ms_per_step": round(1e3 * statistics.median(cpu[n]) / steps, 3)}
            for n in names}
-    res["speedup"] = round(res["multi_table"]["examples_per_s_median"]
-                           / res["per_table"]["examples_per_s_median"], 3)
+    if "multi_table" in res and "per_table" in res:
+        res["speedup"] = round(res["multi_table"]["examples_per_s_median"]
+                               / res["per_table"]["examples_per_s_median"], 3)
     return res
 
 
@@ -227,9 +261,9 @@ def main(argv=None):
            "cpu_count": os.cpu_count(), "machine": platform.processor() or platform.machine(),
            "jax": jax.__version__, "steps_per_round": steps, "rounds": rounds, "models": {}}
     legs = args.legs.split(",")
-    unknown = sorted(set(legs) - set(LEGS))
+    unknown = sorted(set(legs) - set(LEGS) - set(DENSE_LEGS))
     if unknown:
-        ap.error(f"unknown legs {unknown}: choose from {', '.join(LEGS)}")
+        ap.error(f"unknown legs {unknown}: choose from {', '.join(LEGS + DENSE_LEGS)}")
     if args.no_tf:
         legs = [leg for leg in legs if not leg.startswith("tf_")]
     for name in args.models.split(","):
@@ -239,9 +273,11 @@ def main(argv=None):
         row = out["models"][name] = {**m, "steps_per_round": m_steps}
         if "jax" in legs:
             row["jax"] = _bench_jax(m, batches, m_steps, rounds)
+        if "jax_dense" in legs:
+            row["jax_dense"] = _bench_jax_dense(m, batches, m_steps, rounds)
         if "core" in legs:
             row["core"] = _bench_core(m, batches, m_steps, rounds)
-        for mode in ("loop", "fit"):
+        for mode in ("loop", "fit", "dense"):
             if "tf_" + mode in legs:
                 import bench_multi_table_tf as tf_rows  # TensorFlow only when asked for
                 out["tensorflow"] = tf_rows.versions()

@@ -76,11 +76,43 @@ def _loop_step(features, dim, num_dense, hidden, tag, multi, opt, loss_fn):
     return step
 
 
+def _dense_floor(m, batches, steps, rounds, rounds_fn, hidden, lr, loss_fn) -> dict:
+    """The TF step's floor: the MLP and its Adam on a fixed rows input, no tables."""
+    features, dim, batch = m["features"], m["dim"], m["batch"]
+    num_dense = batches[0][1].shape[1]
+    mlp = _mlp(features * dim + num_dense, hidden)
+    opt = keras.optimizers.Adam(lr)
+    rows = tf.constant(np.random.default_rng(1).standard_normal((batch, features * dim)),
+                       tf.float32)
+
+    @tf.function(autograph=False)
+    def step(dense, labels):
+        with tf.GradientTape() as tape:
+            x = tf.concat([rows, dense], axis=1)
+            loss = loss_fn(labels, mlp(x, training=True))
+        opt.apply(tape.gradient(loss, mlp.trainable_variables), mlp.trainable_variables)
+        return loss
+
+    tensors = [(tf.constant(d), tf.constant(y)) for _, d, y in batches]
+
+    def run(name, n, offset):
+        loss = None
+        for k in range(n):
+            loss = step(*tensors[(offset + k) % len(tensors)])
+        loss.numpy()
+
+    run("dense", 2, 0)  # trace
+    return rounds_fn(run, ["dense"], steps, rounds, batch)
+
+
 def bench(m, batches, steps, rounds, mode, rounds_fn, hidden, lr) -> dict:
-    """{name: row, "speedup": ...} for ``mode`` "loop" or "fit" (rows as ``rounds_fn`` makes)."""
+    """{name: row, "speedup": ...} for ``mode`` "loop" or "fit" (rows as ``rounds_fn`` makes);
+    mode "dense": the floor without tables ({"dense": row})."""
     features, dim, batch = m["features"], m["dim"], m["batch"]
     num_dense = batches[0][1].shape[1]
     loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+    if mode == "dense":
+        return _dense_floor(m, batches, steps, rounds, rounds_fn, hidden, lr, loss_fn)
     state = {}
     for name in NAMES:
         multi = name == "multi_table"
