@@ -5,13 +5,18 @@ How it is seen: the core names its worker threads "dualemb-worker" (csrc/core/th
 the CPU time each thread of this process used is read from /proc. A control shows the counter
 works: the same work through the core's Python API (no XLA) does run on those workers. The
 results of the XLA calls are checked against the core's own calls on a twin table (bit for bit),
-since the work now runs on other threads.
+since the work now runs on other threads. Each case runs in a fresh interpreter (this file run as
+a script), so that nothing another test left behind in a shared worker process can wake the
+core's workers during the measurement.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -30,12 +35,6 @@ pytestmark = [
     pytest.mark.skipif((os.cpu_count() or 1) < 2,
                        reason="one core: the core runs every call on the calling thread"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _cpu():
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
 
 
 def _worker_ticks() -> int:
@@ -68,9 +67,8 @@ def _pair():
     return make(), make()
 
 
-def test_the_core_api_runs_big_calls_on_its_workers():
-    # The control: without XLA, a big find fans out onto the core's own workers, and this
-    # test's counter sees them. (Otherwise the next test could not fail.)
+def _core_api_ticks() -> int:
+    """Ticks of the core's workers during big finds through the core's Python API."""
     t = dej.create(DIM, initializer=dej.initializers.normal(0.0, 0.1, seed=3))
     core, keys = t.core(), _keys(0)
     core.insert_or_assign(keys, np.ones((N, DIM), np.float32))
@@ -78,11 +76,14 @@ def test_the_core_api_runs_big_calls_on_its_workers():
     before = _worker_ticks()
     for _ in range(100):
         core.find(keys)
-    assert _worker_ticks() > before
+    ticks = _worker_ticks() - before
     dej.destroy(t)
+    return ticks
 
 
-def test_xla_calls_run_the_cores_helpers_on_xla_threads_with_the_cores_results():
+def _xla_ticks() -> int:
+    """Ticks of the core's workers during jitted lookups and Adam steps (per-table and
+    multi-table); fails unless their rows and slots equal the core's own calls on twins."""
     t, ref = _pair()
     t2, ref2 = _pair()
     keys = [_keys(s) for s in range(CALLS)]
@@ -108,8 +109,6 @@ def test_xla_calls_run_the_cores_helpers_on_xla_threads_with_the_cores_results()
         looked_up.append((np.asarray(rows), np.asarray(rows2)))
     jax.block_until_ready((t.version, t2.version))
     ticks = _worker_ticks() - before
-    # Not one tick on the core's workers: every helper ran on XLA's threads.
-    assert ticks == 0, f"the core's workers ran {ticks} ticks during XLA calls"
 
     # The same lookups and Adam steps through the core's own calls, on the twins.
     for s in range(1, CALLS):
@@ -126,3 +125,33 @@ def test_xla_calls_run_the_cores_helpers_on_xla_threads_with_the_cores_results()
             np.testing.assert_array_equal(np.asarray(a[col])[oa], np.asarray(b[col])[ob])
     for x in (t, ref, t2, ref2):
         dej.destroy(x)
+    return ticks
+
+
+def _in_child(case: str) -> int:
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    env["PYTHONPATH"] = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__)))) + os.pathsep + env.get("PYTHONPATH", "")
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), case], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])["ticks"]
+
+
+def test_the_core_api_runs_big_calls_on_its_workers():
+    # The control: without XLA, a big find fans out onto the core's own workers, and this
+    # test's counter sees them. (Otherwise the next test could not fail.)
+    assert _in_child("core_api") > 0
+
+
+def test_xla_calls_run_the_cores_helpers_on_xla_threads_with_the_cores_results():
+    # Not one tick on the core's workers: every helper ran on XLA's threads (36 ticks when the
+    # handlers left the core on its own pool). The child fails if a result differs.
+    ticks = _in_child("xla")
+    assert ticks == 0, f"the core's workers ran {ticks} ticks during XLA calls"
+
+
+if __name__ == "__main__":
+    with jax.default_device(jax.devices("cpu")[0]):
+        fn = {"core_api": _core_api_ticks, "xla": _xla_ticks}[sys.argv[1]]
+        print(json.dumps({"ticks": fn()}))
