@@ -53,6 +53,31 @@ void row_values(int64_t key, int dim, float* v) {
   for (int j = 0; j < dim; ++j) v[j] = static_cast<float>(key % 1000) * 0.5f + j;
 }
 
+// The open-addressing steps both models share (Slot: any struct with `key` and `row`).
+// A free slot for a new key with hash h in shard array t (linear probing from its home).
+template <class Slot>
+Slot* free_slot(Slot* t, uint64_t mask, uint64_t h) {
+  uint64_t j = h & mask;
+  while (t[j].row != kEmpty) j = (j + 1) & mask;
+  return &t[j];
+}
+// The slot holding `key` in shard array t, or nullptr.
+template <class Slot>
+const Slot* probe(const Slot* t, uint64_t mask, uint64_t h, int64_t key) {
+  for (uint64_t j = h & mask;; j = (j + 1) & mask) {
+    if (t[j].row == kEmpty) return nullptr;
+    if (t[j].key == key) return &t[j];
+  }
+}
+// A block's first pass: hash each key and start loading its home slot.
+template <class Slot>
+void hash_and_prefetch(const int64_t* keys, int m, Slot* const* slots, uint64_t mask, uint64_t* h) {
+  for (int i = 0; i < m; ++i) {
+    h[i] = hash_of(keys[i]);
+    __builtin_prefetch(&slots[shard_of(h[i])][h[i] & mask]);
+  }
+}
+
 // Today's layout, without the core's checks: index slots {key, row} and rows
 // {24 bytes of metadata | values}, the row stride padded as RowStore::stride_for does.
 struct Separate {
@@ -73,10 +98,8 @@ struct Separate {
   void insert(int64_t key) {
     const uint64_t h = hash_of(key);
     const int s = shard_of(h);
-    uint64_t j = h & mask;
-    while (slots[s][j].row != kEmpty) j = (j + 1) & mask;
     const uint32_t r = used[s]++;
-    slots[s][j] = Slot{key, r, 0};
+    *free_slot(slots[s], mask, h) = Slot{key, r, 0};
     float v[16];
     row_values(key, dim, v);
     std::memcpy(rows[s] + r * stride + 24, v, vb);
@@ -87,21 +110,11 @@ struct Separate {
     const unsigned char* rp[kBlock];
     for (int64_t b = 0; b < n; b += kBlock) {
       const int m = static_cast<int>(std::min<int64_t>(kBlock, n - b));
-      for (int i = 0; i < m; ++i) {
-        h[i] = hash_of(keys[b + i]);
-        __builtin_prefetch(&slots[shard_of(h[i])][h[i] & mask]);
-      }
+      hash_and_prefetch(keys + b, m, slots, mask, h);
       for (int i = 0; i < m; ++i) {
         const int s = shard_of(h[i]);
-        const Slot* t = slots[s];
-        rp[i] = nullptr;
-        for (uint64_t j = h[i] & mask;; j = (j + 1) & mask) {
-          if (t[j].row == kEmpty) break;
-          if (t[j].key == keys[b + i]) {
-            rp[i] = rows[s] + t[j].row * stride + 24;
-            break;
-          }
-        }
+        const Slot* slot = probe(slots[s], mask, h[i], keys[b + i]);
+        rp[i] = slot ? rows[s] + slot->row * stride + 24 : nullptr;
         if (rp[i]) {
           __builtin_prefetch(rp[i]);
           __builtin_prefetch(rp[i] + kVb - 1);
@@ -146,34 +159,22 @@ struct Inline {
   }
   void insert(int64_t key) {
     const uint64_t h = hash_of(key);
-    const int s = shard_of(h);
-    uint64_t j = h & mask;
-    while (slots[s][j].row != kEmpty) j = (j + 1) & mask;
-    slots[s][j].key = key;
-    slots[s][j].row = 0;
+    Slot* slot = free_slot(slots[shard_of(h)], mask, h);
+    slot->key = key;
+    slot->row = 0;
     float v[16];
     row_values(key, dim, v);
-    std::memcpy(slots[s][j].v, v, vb);
+    std::memcpy(slot->v, v, vb);
   }
   template <size_t kVb>
   void find(const int64_t* keys, int64_t n, unsigned char* out) const {
     uint64_t h[kBlock];
     for (int64_t b = 0; b < n; b += kBlock) {
       const int m = static_cast<int>(std::min<int64_t>(kBlock, n - b));
+      hash_and_prefetch(keys + b, m, slots, mask, h);
       for (int i = 0; i < m; ++i) {
-        h[i] = hash_of(keys[b + i]);
-        __builtin_prefetch(&slots[shard_of(h[i])][h[i] & mask]);
-      }
-      for (int i = 0; i < m; ++i) {
-        const Slot* t = slots[shard_of(h[i])];
-        const unsigned char* v = nullptr;
-        for (uint64_t j = h[i] & mask;; j = (j + 1) & mask) {
-          if (t[j].row == kEmpty) break;
-          if (t[j].key == keys[b + i]) {
-            v = t[j].v;
-            break;
-          }
-        }
+        const Slot* slot = probe(slots[shard_of(h[i])], mask, h[i], keys[b + i]);
+        const unsigned char* v = slot ? slot->v : nullptr;
         if (v)
           std::memcpy(out + (b + i) * kVb, v, kVb);
         else
